@@ -1,0 +1,49 @@
+# dbservice-operator developer entry points. The local control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok) is described in tests/cluster/README.md.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+CLUSTER_DIR := $(CURDIR)/.cluster
+KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
+CRD_FILE := charts/dbservice-operator/crds/databaseservices.yaml
+
+.PHONY: help build test lint lint-scripts lint-docker cluster-build cluster-up cluster-down demo crd
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+build: ## cargo build
+	$(CARGO) build
+
+cluster-build: ## build the control-plane binaries into ~/.cache/dbservice-operator (once; cold kubernetes build takes ~30 min)
+	tests/cluster/build.sh all
+
+cluster-up: cluster-build ## start the local control plane (no-op when already running); kubeconfig at .cluster/kubeconfig
+	tests/cluster/up.sh
+
+cluster-down: ## stop the local control plane and remove its data
+	tests/cluster/down.sh
+
+test: cluster-up ## cargo test --all-targets against the local control plane (end-to-end tests enabled)
+	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --all-targets
+
+demo: cluster-build ## start the local control plane and run scripts/demo.sh
+	tests/cluster/up.sh
+	KUBECONFIG=$(KUBECONFIG_LOCAL) PATH="$(CLUSTER_DIR)/bin:$$PATH" scripts/demo.sh
+
+lint: ## cargo fmt --check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+lint-scripts: ## shellcheck the control-plane and CI scripts
+	shellcheck -x tests/cluster/*.sh .ci/run
+
+lint-docker: ## hadolint the Dockerfile
+	hadolint Dockerfile
+
+crd: ## regenerate the CRD manifest of the Helm chart from the Rust types
+	mkdir -p $(dir $(CRD_FILE))
+	$(CARGO) run -q -- crd > $(CRD_FILE).tmp
+	mv $(CRD_FILE).tmp $(CRD_FILE)

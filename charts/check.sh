@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Lint and render charts/dbservice-operator with the default values and every ci/*-values.yaml.
+# Usage: charts/check.sh            (helm from $HELM, .cluster/bin, the build cache, or PATH)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+chart="$here/dbservice-operator"
+
+helm="${HELM:-}"
+if [[ -z "$helm" ]]; then
+  # shellcheck source=/dev/null
+  [[ -f "$root/tests/cluster/versions.sh" ]] && source "$root/tests/cluster/versions.sh"
+  for c in "$root/.cluster/bin/helm" "${CACHE_ROOT:-$HOME/.cache/dbservice-operator}/helm-${HELM_VERSION:-v3.22.0}/helm"; do
+    [[ -x "$c" ]] && { helm="$c"; break; }
+  done
+fi
+helm="${helm:-helm}"
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+run() {
+  local name="$1"; shift
+  "$helm" lint --strict "$chart" "$@" >"$out/$name.lint" 2>&1 || { cat "$out/$name.lint"; echo "FAIL lint $name"; exit 1; }
+  "$helm" template dbservice-operator "$chart" --namespace dbservice-system "$@" >"$out/$name.yaml" 2>"$out/$name.err" \
+    || { cat "$out/$name.err"; echo "FAIL template $name"; exit 1; }
+  echo "ok   $name ($(grep -c '^kind:' "$out/$name.yaml") objects)"
+}
+
+run default
+for f in "$chart"/ci/*-values.yaml; do
+  run "$(basename "$f" -values.yaml)" -f "$f"
+done
+
+# Values the schema must reject.
+for bad in "replicaCount=two" "certificates.mode=magic" "webhook.timeoutSeconds=60" "unknownKey=1" "webhook.url=http://x"; do
+  if "$helm" template x "$chart" --set "$bad" >/dev/null 2>&1; then echo "FAIL schema accepted --set $bad"; exit 1; fi
+done
+# Modes that need more values must fail with a clear message.
+if "$helm" template x "$chart" --set certificates.mode=secret >/dev/null 2>&1; then echo "FAIL secret mode without name"; exit 1; fi
+if "$helm" template x "$chart" --set webhook.url=https://127.0.0.1:9443 >/dev/null 2>&1; then echo "FAIL url mode without caBundle"; exit 1; fi
+echo "ok   schema rejects bad values"

@@ -1,0 +1,201 @@
+{{/* Chart name. */}}
+{{- define "dbservice-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: prefix of every resource. With release name "dbservice-operator" this is
+"dbservice-operator", which matches the operator's built-in defaults.
+*/}}
+{{- define "dbservice-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dbservice-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels. */}}
+{{- define "dbservice-operator.labels" -}}
+helm.sh/chart: {{ include "dbservice-operator.chart" . }}
+{{ include "dbservice-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dbservice-operator
+{{- end }}
+
+{{/* Selector labels (immutable: used by the Deployment selector). */}}
+{{- define "dbservice-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dbservice-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "dbservice-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dbservice-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Service in front of the webhook (443 -> 9443) and metrics (8080). */}}
+{{- define "dbservice-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "dbservice-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Names of the ValidatingWebhookConfiguration and MutatingWebhookConfiguration. */}}
+{{- define "dbservice-operator.validatingWebhookName" -}}
+{{- include "dbservice-operator.fullname" . }}
+{{- end }}
+{{- define "dbservice-operator.mutatingWebhookName" -}}
+{{- include "dbservice-operator.fullname" . }}
+{{- end }}
+
+{{- define "dbservice-operator.leaseName" -}}
+{{- default (printf "%s-leader" (include "dbservice-operator.fullname" .)) .Values.operator.leaseName }}
+{{- end }}
+
+{{/* cert-manager Certificate / Issuer names. */}}
+{{- define "dbservice-operator.certificateName" -}}
+{{- printf "%s-webhook" (include "dbservice-operator.fullname" .) }}
+{{- end }}
+{{- define "dbservice-operator.issuerName" -}}
+{{- printf "%s-selfsigned" (include "dbservice-operator.fullname" .) }}
+{{- end }}
+
+{{/*
+Name of the Secret holding the serving certificate, per certificates.mode:
+  self-managed  -> written by the operator (certificates.selfManaged.secretName)
+  cert-manager  -> written by cert-manager (certificates.certManager.secretName)
+  secret        -> provided by the user (certificates.secret.name, required)
+*/}}
+{{- define "dbservice-operator.tlsSecretName" -}}
+{{- $mode := .Values.certificates.mode }}
+{{- if eq $mode "self-managed" }}
+{{- default (printf "%s-webhook-tls" (include "dbservice-operator.fullname" .)) .Values.certificates.selfManaged.secretName }}
+{{- else if eq $mode "cert-manager" }}
+{{- default (printf "%s-webhook-tls" (include "dbservice-operator.fullname" .)) .Values.certificates.certManager.secretName }}
+{{- else if eq $mode "secret" }}
+{{- required "certificates.secret.name is required when certificates.mode=secret" .Values.certificates.secret.name }}
+{{- else }}
+{{- fail (printf "certificates.mode must be one of self-managed, cert-manager, secret (got %q)" $mode) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the webhooks point at an external URL (operator outside the cluster). */}}
+{{- define "dbservice-operator.urlMode" -}}
+{{- if .Values.webhook.url }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the operator manages its own certificates (and patches the caBundle). */}}
+{{- define "dbservice-operator.selfManaged" -}}
+{{- if and (eq .Values.certificates.mode "self-managed") (not .Values.webhook.url) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when cert-manager's cainjector fills the caBundle. */}}
+{{- define "dbservice-operator.certManager" -}}
+{{- if and (eq .Values.certificates.mode "cert-manager") (not .Values.webhook.url) }}true{{ end }}
+{{- end }}
+
+{{/*
+Static caBundle for the webhook configurations (empty when the operator or cert-manager fills it):
+  URL mode     -> webhook.caBundle, else certificates.secret.caBundle (required)
+  secret mode  -> certificates.secret.caBundle (required)
+*/}}
+{{- define "dbservice-operator.staticCABundle" -}}
+{{- if .Values.webhook.url }}
+{{- required "webhook.caBundle (or certificates.secret.caBundle) is required when webhook.url is set" (default .Values.certificates.secret.caBundle .Values.webhook.caBundle) }}
+{{- else if eq .Values.certificates.mode "secret" }}
+{{- required "certificates.secret.caBundle is required when certificates.mode=secret" .Values.certificates.secret.caBundle }}
+{{- end }}
+{{- end }}
+
+{{/*
+caBundle to render for one webhook. Arguments: (dict "ctx" $ "kind" "ValidatingWebhookConfiguration"
+"config" <configuration name> "webhook" <webhook name>).
+In self-managed mode the operator patches the caBundle into the live object after it has created
+its CA (in cert-manager mode cainjector does). To never wipe that value on `helm upgrade`
+(including --force, which replaces the object), the live caBundle is looked up and rendered back.
+`lookup` returns nothing under `helm template` / `--dry-run=client`, where the field is simply omitted.
+*/}}
+{{- define "dbservice-operator.caBundle" -}}
+{{- $ctx := .ctx }}
+{{- $static := include "dbservice-operator.staticCABundle" $ctx }}
+{{- if $static }}
+{{- $static }}
+{{- else if or (include "dbservice-operator.selfManaged" $ctx) (include "dbservice-operator.certManager" $ctx) }}
+{{- $live := lookup "admissionregistration.k8s.io/v1" .kind "" .config }}
+{{- if $live }}
+{{- range $live.webhooks }}
+{{- if and (eq .name $.webhook) .clientConfig .clientConfig.caBundle }}
+{{- .clientConfig.caBundle }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* clientConfig of a webhook. Arguments: (dict "ctx" $ "path" "/validate" "caBundle" "...") */}}
+{{- define "dbservice-operator.clientConfig" -}}
+{{- $ctx := .ctx }}
+{{- if $ctx.Values.webhook.url }}
+url: {{ printf "%s%s" (trimSuffix "/" $ctx.Values.webhook.url) .path | quote }}
+{{- else }}
+service:
+  name: {{ include "dbservice-operator.webhookServiceName" $ctx }}
+  namespace: {{ $ctx.Release.Namespace }}
+  path: {{ .path }}
+  port: {{ $ctx.Values.service.port }}
+{{- end }}
+{{- with .caBundle }}
+caBundle: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Common part of both webhooks (rules, selectors, policies). Argument: (dict "ctx" $ "type" "validating"|"mutating") */}}
+{{- define "dbservice-operator.webhookCommon" -}}
+{{- $ctx := .ctx }}
+rules:
+  - apiGroups: ["dbservice.dev"]
+    apiVersions: ["v1"]
+    operations: ["CREATE", "UPDATE"]
+    resources: ["databaseservices"]
+    scope: Namespaced
+failurePolicy: {{ $ctx.Values.webhook.failurePolicy }}
+matchPolicy: Equivalent
+sideEffects: None
+timeoutSeconds: {{ $ctx.Values.webhook.timeoutSeconds }}
+admissionReviewVersions: ["v1"]
+{{- if eq .type "mutating" }}
+reinvocationPolicy: Never
+{{- end }}
+{{- $excluded := list "kube-system" }}
+{{- if $ctx.Values.webhook.excludeReleaseNamespace }}
+{{- $excluded = append $excluded $ctx.Release.Namespace }}
+{{- end }}
+{{- $excluded = concat $excluded $ctx.Values.webhook.excludeNamespaces | uniq }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml $excluded | nindent 8 }}
+matchConditions:
+  # A DatabaseService that is being deleted only changes to drop its finalizer; never block that
+  # (e.g. if the operator is down the object could otherwise never go away).
+  - name: not-being-deleted
+    expression: "!has(object.metadata.deletionTimestamp)"
+  {{- with $ctx.Values.webhook.extraMatchConditions }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}

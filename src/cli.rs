@@ -1,0 +1,183 @@
+//! Command line: every flag has an environment variable and a default.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+/// Kubernetes operator for PostgreSQL: admission webhooks and a self-healing controller.
+#[derive(Debug, Parser)]
+#[command(name = "dbservice-operator", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do; `run` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+// Parsed once at start-up: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Webhook server, controller and leader election (the container's default).
+    Run(RunArgs),
+    /// The admission server alone, with no cluster connection (local use, benchmarks, tests).
+    Webhook(WebhookArgs),
+    /// Print the CustomResourceDefinition generated from the Rust types.
+    Crd(CrdArgs),
+    /// Write a CA and a serving certificate signed by it: ca.crt, tls.crt, tls.key.
+    Certs(CertsArgs),
+    /// Print the history of a DatabaseService and its current status.
+    Ledger(LedgerArgs),
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn quantity(value: &str) -> Result<String, String> {
+    crate::quantity::parse_bytes(value).map(|_| value.to_string()).map_err(|error| error.to_string())
+}
+
+/// Flags of the admission server.
+#[derive(Debug, Args, Clone)]
+pub struct WebhookArgs {
+    /// Address of the HTTPS admission server (/validate, /mutate).
+    #[arg(long, env = "DBSERVICE_LISTEN", default_value = "0.0.0.0:9443")]
+    pub listen: SocketAddr,
+    /// Address of the plain-HTTP server for /healthz, /readyz and /metrics.
+    #[arg(long, env = "DBSERVICE_PROBE_LISTEN", default_value = "0.0.0.0:8080")]
+    pub probe_listen: SocketAddr,
+    /// PEM serving certificate (reloaded when it changes on disk).
+    #[arg(long, env = "DBSERVICE_TLS_CERT", default_value = "/var/run/dbservice-operator/tls/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the serving certificate.
+    #[arg(long, env = "DBSERVICE_TLS_KEY", default_value = "/var/run/dbservice-operator/tls/tls.key")]
+    pub tls_key: PathBuf,
+    /// Smallest spec.storageSize accepted (a Kubernetes quantity).
+    #[arg(long, env = "DBSERVICE_MIN_STORAGE_SIZE", default_value = "1Gi", value_parser = quantity)]
+    pub min_storage_size: String,
+    /// Log format.
+    #[arg(long, env = "DBSERVICE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Flags of `run`: the admission server's plus the controller's.
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Admission server flags.
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+    /// The operator's own namespace (leader Lease, certificate Secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// This replica's identity in the Lease; the pod name in-cluster, the hostname otherwise.
+    #[arg(long, env = "POD_NAME", default_value_t = default_identity())]
+    pub identity: String,
+    /// Name of the leader election Lease.
+    #[arg(long, env = "DBSERVICE_LEASE_NAME", default_value = "dbservice-operator-leader")]
+    pub lease_name: String,
+    /// Lease duration in seconds: a dead leader is replaced after at most this long.
+    #[arg(long, env = "DBSERVICE_LEASE_DURATION_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=300))]
+    pub lease_duration_seconds: u64,
+    /// Seconds a version change may stay unhealthy before it is rolled back.
+    #[arg(long, env = "DBSERVICE_PROGRESS_DEADLINE_SECONDS", default_value_t = 300)]
+    pub progress_deadline_seconds: u64,
+    /// Seconds a pod may stay not ready (or a standby unschedulable) before the operator acts.
+    #[arg(long, env = "DBSERVICE_UNHEALTHY_THRESHOLD_SECONDS", default_value_t = 60)]
+    pub unhealthy_threshold_seconds: u64,
+    /// First restart backoff in seconds; doubles with each restart of the same episode.
+    #[arg(long, env = "DBSERVICE_RESTART_BACKOFF_SECONDS", default_value_t = 30)]
+    pub restart_backoff_seconds: u64,
+    /// Longest restart backoff in seconds.
+    #[arg(long, env = "DBSERVICE_RESTART_BACKOFF_CAP_SECONDS", default_value_t = 1800)]
+    pub restart_backoff_cap_seconds: u64,
+    /// Seconds to stay degraded before trying all instances again.
+    #[arg(long, env = "DBSERVICE_RESTORE_PROBE_SECONDS", default_value_t = 300)]
+    pub restore_probe_seconds: u64,
+    /// DatabaseServices reconciled at once.
+    #[arg(long, env = "DBSERVICE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+    /// Manage the webhook certificates in-cluster (Secret, caBundle, renewal).
+    #[arg(long, env = "DBSERVICE_MANAGE_CERTIFICATES", default_value_t = false)]
+    pub manage_certificates: bool,
+    /// Secret holding the managed certificates.
+    #[arg(long, env = "DBSERVICE_CERTIFICATE_SECRET", default_value = "dbservice-operator-webhook-tls")]
+    pub certificate_secret: String,
+    /// Service in front of the webhook (its DNS names go into the certificate).
+    #[arg(long, env = "DBSERVICE_WEBHOOK_SERVICE", default_value = "dbservice-operator-webhook")]
+    pub webhook_service: String,
+    /// ValidatingWebhookConfiguration whose caBundle the operator keeps.
+    #[arg(long, env = "DBSERVICE_VALIDATING_WEBHOOK", default_value = "dbservice-operator")]
+    pub validating_webhook_configuration: String,
+    /// MutatingWebhookConfiguration whose caBundle the operator keeps.
+    #[arg(long, env = "DBSERVICE_MUTATING_WEBHOOK", default_value = "dbservice-operator")]
+    pub mutating_webhook_configuration: String,
+}
+
+fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| format!("dbservice-operator-{}", std::process::id()))
+}
+
+/// Flags of `crd`.
+#[derive(Debug, Args, Clone)]
+pub struct CrdArgs {
+    /// Print only the CRD's .spec (what the Helm chart embeds).
+    #[arg(long)]
+    pub spec_only: bool,
+}
+
+/// Flags of `certs`.
+#[derive(Debug, Args, Clone)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, tls.crt and tls.key into.
+    #[arg(long, env = "DBSERVICE_CERTS_OUT", default_value = "certs")]
+    pub out: PathBuf,
+    /// DNS names of the serving certificate (repeatable).
+    #[arg(long = "dns", default_values_t = ["localhost".to_string()])]
+    pub dns: Vec<String>,
+    /// IP addresses of the serving certificate (repeatable).
+    #[arg(long = "ip", default_values_t = ["127.0.0.1".parse::<IpAddr>().expect("valid")])]
+    pub ip: Vec<IpAddr>,
+}
+
+/// Flags of `ledger`.
+#[derive(Debug, Args, Clone)]
+pub struct LedgerArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+}
+
+impl Cli {
+    /// Parses the command line; a bad flag prints one line naming it and exits with status 2.
+    pub fn parse_or_exit() -> Self {
+        match Self::try_parse() {
+            Ok(cli) => cli,
+            Err(error) => {
+                use clap::error::ErrorKind;
+                if matches!(
+                    error.kind(),
+                    ErrorKind::DisplayHelp
+                        | ErrorKind::DisplayVersion
+                        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                ) {
+                    error.exit();
+                }
+                let rendered = error.to_string();
+                let first = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("error: invalid arguments");
+                eprintln!("{first} (see --help)");
+                std::process::exit(2);
+            }
+        }
+    }
+}

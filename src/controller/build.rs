@@ -1,0 +1,383 @@
+//! Building the desired child objects: pure functions of the DatabaseService and a few inputs
+//! decided by the reconciler (which version runs, how many instances, the restart stamp).
+
+use crate::api::DatabaseService;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+/// PostgreSQL port.
+pub const POSTGRES_PORT: i32 = 5432;
+/// Role used by standbys to stream from the primary.
+pub const REPLICATION_USER: &str = "replicator";
+/// Label carrying the instance name on every child.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Label the operator puts on pods: primary or standby.
+pub const ROLE_LABEL: &str = "dbservice.dev/role";
+/// Pod-template annotation whose change restarts every pod (like `kubectl rollout restart`).
+pub const RESTART_ANNOTATION: &str = "dbservice.dev/restartedAt";
+/// Name of the data volume claim template (PVCs are named data-NAME-N).
+pub const DATA_VOLUME: &str = "data";
+/// Where PostgreSQL keeps its data inside the data volume (a subdirectory, so lost+found is no problem).
+pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+
+const ENTRYPOINT_SCRIPT: &str = include_str!("scripts/entrypoint.sh");
+const PRIMARY_INIT_SCRIPT: &str = include_str!("scripts/primary-init.sh");
+
+/// What the reconciler decided before building.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadInputs {
+    /// Image the StatefulSet runs (the spec's, or the last stable one during a rollback).
+    pub image: String,
+    /// Instances to run (fewer than the spec's while degraded).
+    pub replicas: i32,
+    /// Restart stamp for the pod template, when the controller restarted the pods.
+    pub restarted_at: Option<String>,
+    /// Size of the volumeClaimTemplate: the one the StatefulSet was created with (it is immutable).
+    pub claim_template_size: String,
+}
+
+/// Names of every child object of one DatabaseService.
+pub struct ChildNames;
+
+impl ChildNames {
+    /// Credentials Secret.
+    pub fn credentials(name: &str) -> String {
+        format!("{name}-credentials")
+    }
+    /// Scripts ConfigMap.
+    pub fn scripts(name: &str) -> String {
+        format!("{name}-scripts")
+    }
+    /// Ledger ConfigMap.
+    pub fn ledger(name: &str) -> String {
+        format!("{name}-ledger")
+    }
+    /// Standby Service.
+    pub fn replicas_service(name: &str) -> String {
+        format!("{name}-replicas")
+    }
+    /// Headless Service giving pods stable DNS names.
+    pub fn headless_service(name: &str) -> String {
+        format!("{name}-headless")
+    }
+    /// Data PVC of instance `ordinal`.
+    pub fn claim(name: &str, ordinal: i32) -> String {
+        format!("{DATA_VOLUME}-{name}-{ordinal}")
+    }
+}
+
+/// Labels shared by every child; also the pod selector.
+pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
+    [("app.kubernetes.io/name".to_string(), "postgresql".to_string()), (INSTANCE_LABEL.to_string(), name.to_string())]
+        .into()
+}
+
+/// Selector labels plus the managed-by label.
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(name);
+    labels.insert("app.kubernetes.io/managed-by".into(), "dbservice-operator".into());
+    labels
+}
+
+/// Label selector string matching every child of `name`.
+pub fn label_selector(name: &str) -> String {
+    format!("{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by=dbservice-operator")
+}
+
+/// Owner reference making the DatabaseService the controller of a child.
+pub fn owner_reference(database: &DatabaseService) -> OwnerReference {
+    database.controller_owner_ref(&()).expect("a stored DatabaseService has a name and uid")
+}
+
+fn metadata(database: &DatabaseService, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: database.namespace(),
+        labels: Some(labels(&database.name_any())),
+        owner_references: Some(vec![owner_reference(database)]),
+        ..Default::default()
+    }
+}
+
+/// DNS name of the primary through the headless Service.
+pub fn primary_host(database: &DatabaseService) -> String {
+    let name = database.name_any();
+    format!("{name}-0.{}.{}.svc", ChildNames::headless_service(&name), database.namespace().unwrap_or_default())
+}
+
+/// The credentials Secret; `password` and `replication_password` come from the CSPRNG once.
+pub fn credentials_secret(database: &DatabaseService, password: &str, replication_password: &str) -> Secret {
+    let name = database.name_any();
+    let spec = &database.spec;
+    let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
+    let uri = format!("postgresql://{}:{password}@{host}:{POSTGRES_PORT}/{}", spec.username, spec.database_name);
+    let data: BTreeMap<String, ByteString> = [
+        ("username", spec.username.clone()),
+        ("password", password.to_string()),
+        ("database", spec.database_name.clone()),
+        ("host", host),
+        ("port", POSTGRES_PORT.to_string()),
+        ("uri", uri),
+        ("replication-username", REPLICATION_USER.to_string()),
+        ("replication-password", replication_password.to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())))
+    .collect();
+    Secret {
+        metadata: metadata(database, ChildNames::credentials(&name)),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap holding the bootstrap and replication scripts.
+pub fn scripts_config_map(database: &DatabaseService) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(database, ChildNames::scripts(&database.name_any())),
+        data: Some(
+            [("entrypoint.sh", ENTRYPOINT_SCRIPT), ("primary-init.sh", PRIMARY_INIT_SCRIPT)]
+                .into_iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector { name: secret.into(), key: key.into(), optional: Some(false) }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn plain_env(name: &str, value: &str) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+}
+
+fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("exec pg_isready -h 127.0.0.1 -p {POSTGRES_PORT} -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\""),
+            ]),
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(period),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failure_threshold),
+        ..Default::default()
+    }
+}
+
+/// The StatefulSet running PostgreSQL.
+pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> StatefulSet {
+    let name = database.name_any();
+    let spec = &database.spec;
+    let secret = ChildNames::credentials(&name);
+    let mut pod_annotations = BTreeMap::new();
+    if let Some(restarted_at) = &inputs.restarted_at {
+        pod_annotations.insert(RESTART_ANNOTATION.to_string(), restarted_at.clone());
+    }
+    let container = Container {
+        name: "postgres".into(),
+        image: Some(inputs.image.clone()),
+        command: Some(vec!["/bin/bash".into(), "/scripts/entrypoint.sh".into()]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgres".into()),
+            container_port: POSTGRES_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAME".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            secret_env("POSTGRES_USER", &secret, "username"),
+            secret_env("POSTGRES_PASSWORD", &secret, "password"),
+            secret_env("POSTGRES_DB", &secret, "database"),
+            secret_env("REPLICATION_USER", &secret, "replication-username"),
+            secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
+            plain_env("PGDATA", PGDATA),
+            plain_env("PRIMARY_HOST", &primary_host(database)),
+        ]),
+        readiness_probe: Some(pg_isready_probe(5, 10, 3)),
+        liveness_probe: Some(pg_isready_probe(30, 10, 6)),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: DATA_VOLUME.into(),
+                mount_path: "/var/lib/postgresql/data".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "scripts".into(),
+                mount_path: "/scripts".into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
+            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+        ]),
+        ..Default::default()
+    };
+    let mut claim_request = BTreeMap::new();
+    claim_request.insert("storage".to_string(), Quantity(inputs.claim_template_size.clone()));
+    let claim_template = PersistentVolumeClaim {
+        metadata: ObjectMeta { name: Some(DATA_VOLUME.into()), labels: Some(labels(&name)), ..Default::default() },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: spec.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements { requests: Some(claim_request), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let empty_dir = |volume_name: &str| Volume {
+        name: volume_name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    StatefulSet {
+        metadata: metadata(database, name.clone()),
+        spec: StatefulSetSpec {
+            replicas: Some(inputs.replicas),
+            service_name: Some(ChildNames::headless_service(&name)),
+            selector: LabelSelector { match_labels: Some(selector_labels(&name)), ..Default::default() },
+            // Standbys wait for the primary in their script, so they may start together.
+            pod_management_policy: Some("Parallel".into()),
+            // Never delete data volumes on scale-down or deletion: the finalizer decides.
+            persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Retain".into()),
+                when_scaled: Some("Retain".into()),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(&name)),
+                    annotations: (!pod_annotations.is_empty()).then_some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(30),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(999),
+                        run_as_group: Some(999),
+                        fs_group: Some(999),
+                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+                        ..Default::default()
+                    }),
+                    volumes: Some(vec![
+                        Volume {
+                            name: "scripts".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: ChildNames::scripts(&name),
+                                default_mode: Some(0o555),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                        empty_dir("run"),
+                        empty_dir("tmp"),
+                    ]),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![claim_template]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn service(database: &DatabaseService, name: String, selector: BTreeMap<String, String>, headless: bool) -> Service {
+    Service {
+        metadata: metadata(database, name),
+        spec: Some(ServiceSpec {
+            selector: Some(selector),
+            cluster_ip: headless.then(|| "None".to_string()),
+            // Pods must resolve each other before they are ready (a standby bootstraps from the primary).
+            publish_not_ready_addresses: headless.then_some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("postgres".into()),
+                port: POSTGRES_PORT,
+                target_port: Some(IntOrString::String("postgres".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Service NAME (the primary), NAME-replicas (the standbys) and NAME-headless (pod DNS).
+pub fn services(database: &DatabaseService) -> Vec<Service> {
+    let name = database.name_any();
+    let mut primary = selector_labels(&name);
+    primary.insert("statefulset.kubernetes.io/pod-name".into(), format!("{name}-0"));
+    let mut standbys = selector_labels(&name);
+    standbys.insert(ROLE_LABEL.into(), "standby".into());
+    vec![
+        service(database, name.clone(), primary, false),
+        service(database, ChildNames::replicas_service(&name), standbys, false),
+        service(database, ChildNames::headless_service(&name), selector_labels(&name), true),
+    ]
+}
+
+/// Role of a pod from its StatefulSet ordinal: instance 0 is the primary.
+pub fn role_of_pod(pod_name: &str) -> &'static str {
+    if pod_name.rsplit('-').next() == Some("0") {
+        "primary"
+    } else {
+        "standby"
+    }
+}
+
+/// A fresh password from the OS CSPRNG: 32 bytes (256 bits) encoded URL-safe without padding.
+pub fn generate_password() -> String {
+    use base64::Engine;
+    use rand::TryRngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.try_fill_bytes(&mut bytes).expect("the OS random number generator is available");
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// The resource kind and name of an object, for events and the ledger.
+pub fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!("{}/{}", K::kind(&()), object.meta().name.clone().unwrap_or_default())
+}

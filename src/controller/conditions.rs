@@ -1,0 +1,66 @@
+//! Status conditions: set one, keeping lastTransitionTime unless the status really changes, so
+//! that recomputing the same status writes nothing.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+/// Condition types the controller writes.
+pub mod types {
+    /// Every instance is ready.
+    pub const READY: &str = "Ready";
+    /// A rollout or provisioning is in progress.
+    pub const PROGRESSING: &str = "Progressing";
+    /// Standbys were scaled away for lack of resources.
+    pub const DEGRADED: &str = "Degraded";
+    /// The spec breaks a validation rule.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// Data volumes are bound and sized as requested.
+    pub const STORAGE_READY: &str = "StorageReady";
+    /// A version change was rolled back.
+    pub const ROLLED_BACK: &str = "RolledBack";
+    /// The credentials Secret matches the database.
+    pub const CREDENTIALS_READY: &str = "CredentialsReady";
+    /// Reconciliation is paused by spec.paused.
+    pub const PAUSED: &str = "Paused";
+}
+
+/// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    kind: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) {
+    let status_text = if status { "True" } else { "False" }.to_string();
+    let message = message.into();
+    if let Some(existing) = conditions.iter_mut().find(|condition| condition.type_ == kind) {
+        if existing.status != status_text {
+            existing.last_transition_time = Time(Timestamp::now());
+        }
+        existing.status = status_text;
+        existing.reason = reason.into();
+        existing.message = message;
+        existing.observed_generation = generation;
+        return;
+    }
+    conditions.push(Condition {
+        type_: kind.into(),
+        status: status_text,
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(Timestamp::now()),
+    });
+}
+
+/// Removes a condition.
+pub fn remove(conditions: &mut Vec<Condition>, kind: &str) {
+    conditions.retain(|condition| condition.type_ != kind);
+}
+
+/// Whether a condition is present and True.
+pub fn is_true(conditions: &[Condition], kind: &str) -> bool {
+    conditions.iter().any(|condition| condition.type_ == kind && condition.status == "True")
+}

@@ -1,0 +1,135 @@
+//! Observing health: pure functions from the live pods, StatefulSet and PVCs to facts the
+//! reconciler decides on (ready, crash-looping, unschedulable, rolled out, volumes bound).
+
+use crate::controller::build::role_of_pod;
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+
+/// Health of one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodHealth {
+    /// Pod name.
+    pub name: String,
+    /// StatefulSet ordinal.
+    pub ordinal: i32,
+    /// Passing its readiness probe.
+    pub ready: bool,
+    /// A container waits in CrashLoopBackOff (or keeps restarting).
+    pub crash_looping: bool,
+    /// The scheduler cannot place it (lack of resources).
+    pub unschedulable: bool,
+    /// Since when the pod has been unschedulable or not ready (condition transition time).
+    pub unhealthy_since: Option<DateTime<Utc>>,
+    /// Image of the postgres container.
+    pub image: String,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+fn ordinal(name: &str) -> i32 {
+    name.rsplit('-').next().and_then(|suffix| suffix.parse().ok()).unwrap_or(-1)
+}
+
+/// Reads the health of one pod from its status.
+pub fn pod_health(pod: &Pod) -> PodHealth {
+    let name = pod.name_any();
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions = status.conditions.unwrap_or_default();
+    let condition = |kind: &str| conditions.iter().find(|condition| condition.type_ == kind);
+    let ready = condition("Ready").is_some_and(|condition| condition.status == "True");
+    let unschedulable = condition("PodScheduled")
+        .is_some_and(|condition| condition.status == "False" && condition.reason.as_deref() == Some("Unschedulable"));
+    let crash_looping = status.container_statuses.unwrap_or_default().iter().any(|container| {
+        container.state.as_ref().and_then(|state| state.waiting.as_ref()).and_then(|waiting| waiting.reason.as_deref())
+            == Some("CrashLoopBackOff")
+    });
+    let since_condition = if unschedulable { condition("PodScheduled") } else { condition("Ready") };
+    let unhealthy_since = if ready {
+        None
+    } else {
+        since_condition
+            .and_then(|condition| condition.last_transition_time.as_ref())
+            .and_then(|time| DateTime::from_timestamp(time.0.as_second(), 0))
+            .or_else(|| {
+                pod.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|time| DateTime::from_timestamp(time.0.as_second(), 0))
+            })
+    };
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.containers.iter().find(|container| container.name == "postgres"))
+        .and_then(|container| container.image.clone())
+        .unwrap_or_default();
+    PodHealth {
+        ordinal: ordinal(&name),
+        name,
+        ready,
+        crash_looping,
+        unschedulable,
+        unhealthy_since,
+        image,
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// Whether the StatefulSet runs `image` on `replicas` ready pods with nothing left to roll.
+pub fn rolled_out(stateful_set: Option<&StatefulSet>, pods: &[PodHealth], image: &str, replicas: i32) -> bool {
+    let Some(stateful_set) = stateful_set else {
+        return false;
+    };
+    let status = stateful_set.status.clone().unwrap_or_default();
+    let observed = status.observed_generation.unwrap_or(0) >= stateful_set.metadata.generation.unwrap_or(0);
+    let same_revision = status.update_revision.is_some() && status.current_revision == status.update_revision;
+    let live_pods: Vec<&PodHealth> = pods.iter().filter(|pod| !pod.terminating && pod.ordinal < replicas).collect();
+    observed
+        && same_revision
+        && status.ready_replicas.unwrap_or(0) >= replicas
+        && live_pods.len() as i32 == replicas
+        && live_pods.iter().all(|pod| pod.ready && pod.image == image)
+}
+
+/// Pods that need a restart: crash-looping or not ready for longer than `threshold_seconds`.
+pub fn unhealthy_pods(pods: &[PodHealth], now: DateTime<Utc>, threshold_seconds: i64) -> Vec<&PodHealth> {
+    pods.iter()
+        .filter(|pod| !pod.terminating && !pod.unschedulable)
+        .filter(|pod| {
+            pod.crash_looping
+                || pod.unhealthy_since.is_some_and(|since| (now - since).num_seconds() >= threshold_seconds)
+        })
+        .collect()
+}
+
+/// Number of leading instances (ordinals 0..n) that are scheduled, when some standby is stuck
+/// unschedulable for at least `threshold_seconds`; None when nothing needs degrading.
+pub fn schedulable_prefix(
+    pods: &[PodHealth],
+    replicas: i32,
+    now: DateTime<Utc>,
+    threshold_seconds: i64,
+) -> Option<i32> {
+    let stuck: Vec<i32> = pods
+        .iter()
+        .filter(|pod| pod.ordinal > 0 && pod.ordinal < replicas && pod.unschedulable)
+        .filter(|pod| pod.unhealthy_since.is_some_and(|since| (now - since).num_seconds() >= threshold_seconds))
+        .map(|pod| pod.ordinal)
+        .collect();
+    stuck.into_iter().min()
+}
+
+/// Bound PVCs out of those expected, and whether any is still pending.
+pub fn claims_bound(claims: &[PersistentVolumeClaim]) -> i32 {
+    claims
+        .iter()
+        .filter(|claim| claim.status.as_ref().and_then(|status| status.phase.as_deref()) == Some("Bound"))
+        .count() as i32
+}
+
+/// Whether `pod_name` should carry the primary or the standby role label.
+pub fn expected_role(pod_name: &str) -> &'static str {
+    role_of_pod(pod_name)
+}

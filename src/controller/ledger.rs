@@ -1,0 +1,200 @@
+//! The ledger (seed 000): status is the present, the ledger is the past. A ConfigMap NAME-ledger
+//! holds a bounded, append-only history of what happened to a DatabaseService, oldest dropped first.
+
+use crate::api::{DatabaseService, FIELD_MANAGER};
+use crate::controller::build::{labels, owner_reference, ChildNames};
+use crate::metrics::Metrics;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde::{Deserialize, Serialize};
+
+/// Key of the ConfigMap holding the entries, one JSON object per line.
+pub const LEDGER_KEY: &str = "ledger.jsonl";
+/// Most entries kept.
+pub const MAX_ENTRIES: usize = 200;
+/// Most bytes kept (well under the 1 MiB object limit).
+pub const MAX_BYTES: usize = 128 * 1024;
+
+/// One thing that happened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEntry {
+    /// RFC 3339 time.
+    pub time: String,
+    /// metadata.generation of the DatabaseService at the time.
+    pub generation: i64,
+    /// What was done: Created, SpecChanged, Upgrade, RolledBack, DriftCorrected, Restarted, Degraded, Recovered, Deleted...
+    pub action: String,
+    /// State before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub from: String,
+    /// State after.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub to: String,
+    /// Outcome or explanation.
+    pub outcome: String,
+}
+
+impl LedgerEntry {
+    /// An entry stamped now.
+    pub fn now(
+        generation: i64,
+        action: &str,
+        from: impl Into<String>,
+        to: impl Into<String>,
+        outcome: impl Into<String>,
+    ) -> Self {
+        Self {
+            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            generation,
+            action: action.into(),
+            from: from.into(),
+            to: to.into(),
+            outcome: outcome.into(),
+        }
+    }
+}
+
+/// Parses the stored lines, skipping any that do not parse.
+pub fn parse(text: &str) -> Vec<LedgerEntry> {
+    text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+}
+
+/// Appends and trims: at most [`MAX_ENTRIES`] entries and [`MAX_BYTES`] bytes, oldest first out.
+pub fn append(existing: &str, new_entries: &[LedgerEntry]) -> String {
+    let mut lines: Vec<String> = existing.lines().filter(|line| !line.trim().is_empty()).map(str::to_string).collect();
+    lines.extend(new_entries.iter().map(|entry| serde_json::to_string(entry).expect("entries serialize")));
+    let mut total: usize = lines.iter().map(|line| line.len() + 1).sum();
+    let mut drop = lines.len().saturating_sub(MAX_ENTRIES);
+    total -= lines.iter().take(drop).map(|line| line.len() + 1).sum::<usize>();
+    while total > MAX_BYTES && drop < lines.len() {
+        total -= lines[drop].len() + 1;
+        drop += 1;
+    }
+    let mut text = lines[drop..].join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    text
+}
+
+/// Appends entries to the ledger ConfigMap of `database` (created on first use).
+pub async fn record(
+    api: &Api<ConfigMap>,
+    database: &DatabaseService,
+    entries: &[LedgerEntry],
+    owned: bool,
+    metrics: &Metrics,
+) -> Result<(), kube::Error> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    for entry in entries {
+        tracing::info!(database = %database.name_any(), action = %entry.action, from = %entry.from, to = %entry.to, outcome = %entry.outcome, "ledger");
+    }
+    let name = ChildNames::ledger(&database.name_any());
+    let existing = api.get_opt(&name).await?;
+    let text = existing
+        .as_ref()
+        .and_then(|config_map| config_map.data.as_ref())
+        .and_then(|data| data.get(LEDGER_KEY))
+        .cloned()
+        .unwrap_or_default();
+    let config_map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(labels(&database.name_any())),
+            owner_references: owned.then(|| vec![owner_reference(database)]),
+            ..Default::default()
+        },
+        data: Some([(LEDGER_KEY.to_string(), append(&text, entries))].into()),
+        ..Default::default()
+    };
+    let mut body = serde_json::to_value(&config_map).expect("config maps serialize");
+    body["apiVersion"] = "v1".into();
+    body["kind"] = "ConfigMap".into();
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    metrics.count_write("ConfigMap", "ledger");
+    Ok(())
+}
+
+/// The ledger as a table a person can read.
+pub fn render_table(entries: &[LedgerEntry]) -> String {
+    let headers = ["TIME", "GEN", "ACTION", "FROM", "TO", "OUTCOME"];
+    let rows: Vec<[String; 6]> = entries
+        .iter()
+        .map(|entry| {
+            [
+                entry.time.clone(),
+                entry.generation.to_string(),
+                entry.action.clone(),
+                entry.from.clone(),
+                entry.to.clone(),
+                entry.outcome.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = headers.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row.iter()).take(5) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let line = |cells: [&str; 6]| {
+        let mut text = String::new();
+        for (index, cell) in cells.iter().enumerate() {
+            if index < 5 {
+                text.push_str(&format!("{cell:<width$}  ", width = widths[index]));
+            } else {
+                text.push_str(cell);
+            }
+        }
+        text.trim_end().to_string() + "\n"
+    };
+    let mut output = line(headers);
+    for row in &rows {
+        output.push_str(&line([&row[0], &row[1], &row[2], &row[3], &row[4], &row[5]]));
+    }
+    output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: usize) -> LedgerEntry {
+        LedgerEntry {
+            time: "2026-01-01T00:00:00Z".into(),
+            generation: index as i64,
+            action: "Restarted".into(),
+            from: String::new(),
+            to: String::new(),
+            outcome: "x".repeat(100),
+        }
+    }
+
+    #[test]
+    fn keeps_at_most_max_entries_dropping_the_oldest() {
+        let entries: Vec<LedgerEntry> = (0..MAX_ENTRIES + 10).map(entry).collect();
+        let text = append("", &entries);
+        let kept = parse(&text);
+        assert_eq!(kept.len(), MAX_ENTRIES);
+        assert_eq!(kept.first().unwrap().generation, 10);
+        assert_eq!(kept.last().unwrap().generation, (MAX_ENTRIES + 9) as i64);
+    }
+
+    #[test]
+    fn keeps_under_the_byte_cap() {
+        let big = LedgerEntry { outcome: "y".repeat(10_000), ..entry(0) };
+        let text = append("", &vec![big; 50]);
+        assert!(text.len() <= MAX_BYTES, "{} bytes", text.len());
+        assert!(!parse(&text).is_empty());
+    }
+
+    #[test]
+    fn appends_after_existing_entries() {
+        let first = append("", &[entry(1)]);
+        let second = append(&first, &[entry(2)]);
+        assert_eq!(parse(&second).iter().map(|entry| entry.generation).collect::<Vec<_>>(), vec![1, 2]);
+    }
+}

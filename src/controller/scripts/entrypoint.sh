@@ -1,0 +1,342 @@
+#!/bin/bash
+# dbservice-operator: PostgreSQL container entrypoint (ConfigMap NAME-scripts, mounted at /scripts).
+#
+# Container command: ["/bin/bash", "/scripts/entrypoint.sh"]
+#
+# Role comes from the StatefulSet ordinal at the end of POD_NAME: NAME-0 is the primary, NAME-1..N
+# are hot standbys that clone the primary with pg_basebackup and stream WAL from it.
+#
+# Required environment:
+#   POD_NAME              StatefulSet pod name (downward API), e.g. mydb-0
+#   PGDATA                data directory; must be a SUBDIRECTORY of the volume mount
+#                         (e.g. /var/lib/postgresql/data/pgdata), its parent must be writable
+#   POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB   superuser and initial database (primary init)
+#   REPLICATION_USER, REPLICATION_PASSWORD          streaming-replication role
+#   PRIMARY_HOST          DNS name of the primary (standbys only), e.g. mydb-0.mydb-headless.ns.svc
+# Optional environment:
+#   PRIMARY_PORT (5432), PGPORT (5432), LISTEN_ADDRESSES (*), MAX_WAL_SENDERS (10),
+#   WAL_KEEP_SIZE (256MB), PRIMARY_WAIT_TIMEOUT seconds (300), BASEBACKUP_ATTEMPTS (3),
+#   PG_BIN (directory prepended to PATH), PG_SOCKET_DIR (unix socket directory),
+#   DBSERVICE_SCRIPTS_DIR (directory holding primary-init.sh; defaults to this script's directory),
+#   DOCKER_ENTRYPOINT (path of the official image's docker-entrypoint.sh),
+#   DBSERVICE_ENTRYPOINT_MODE: "container" (default: official postgres image, its docker-entrypoint.sh
+#                         performs initdb) or "standalone" (plain PostgreSQL binaries, used by tests:
+#                         this script runs initdb itself and then execs postgres).
+#
+# Secrets are never written to stdout/stderr and never passed on a command line.
+set -euo pipefail
+
+log() {
+	printf '%s dbservice-entrypoint[%s]: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${ROLE:-init}" "$*" >&2
+}
+
+die() {
+	log "FATAL: $*"
+	exit 1
+}
+
+require_env() {
+	local name
+	for name in "$@"; do
+		if [ -z "${!name:-}" ]; then
+			die "environment variable $name must be set"
+		fi
+	done
+}
+
+SCRIPTS_DIR="${DBSERVICE_SCRIPTS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
+MODE="${DBSERVICE_ENTRYPOINT_MODE:-container}"
+case "$MODE" in
+container | standalone) ;;
+*) die "DBSERVICE_ENTRYPOINT_MODE must be 'container' or 'standalone', got '$MODE'" ;;
+esac
+
+if [ -n "${PG_BIN:-}" ]; then
+	export PATH="$PG_BIN:$PATH"
+fi
+
+require_env PGDATA POSTGRES_USER POSTGRES_PASSWORD REPLICATION_USER REPLICATION_PASSWORD
+export PGDATA="${PGDATA%/}"
+export POSTGRES_DB="${POSTGRES_DB:-$POSTGRES_USER}"
+export PGPORT="${PGPORT:-5432}"
+PRIMARY_PORT="${PRIMARY_PORT:-5432}"
+PRIMARY_HOST="${PRIMARY_HOST:-}"
+POD_NAME="${POD_NAME:-${HOSTNAME:-}}"
+
+# The role name is interpolated into pg_hba.conf and conninfo strings: keep it a plain identifier.
+if ! [[ "$REPLICATION_USER" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+	die "REPLICATION_USER must match [A-Za-z_][A-Za-z0-9_]*"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Role: ordinal 0 is the primary, everything else is a standby.
+ORDINAL="${POD_NAME##*-}"
+if ! [[ "$ORDINAL" =~ ^[0-9]+$ ]]; then
+	die "cannot derive a StatefulSet ordinal from POD_NAME '$POD_NAME'"
+fi
+if [ "$((10#$ORDINAL))" -eq 0 ]; then
+	ROLE=primary
+else
+	ROLE=standby
+	require_env PRIMARY_HOST
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Official image hand-off: source its docker-entrypoint.sh (it is written to be sourced) so that
+# its initdb path can run our primary-init.sh without write access to /docker-entrypoint-initdb.d.
+official_entrypoint_source() {
+	local official="${DOCKER_ENTRYPOINT:-}"
+	if [ -z "$official" ]; then
+		official="$(command -v docker-entrypoint.sh || true)"
+	fi
+	if [ -z "$official" ] || [ ! -r "$official" ]; then
+		die "docker-entrypoint.sh of the official postgres image not found (set DBSERVICE_ENTRYPOINT_MODE=standalone outside the image)"
+	fi
+	# The official functions are not 'set -u' safe.
+	set +u
+	# shellcheck disable=SC1090
+	source "$official"
+	set -u
+}
+
+if [ "$MODE" = container ] && [ "$(id -u)" = 0 ]; then
+	# Started as root (no runAsUser): let the official helpers fix ownership, then drop to postgres.
+	official_entrypoint_source
+	set +u
+	docker_setup_env
+	docker_create_db_directories
+	set -u
+	chown postgres "$(dirname "$PGDATA")" 2>/dev/null || :
+	log "running as root; re-executing as user postgres"
+	exec gosu postgres /bin/bash "${BASH_SOURCE[0]}" "$@"
+fi
+if [ "$(id -u)" = 0 ]; then
+	die "PostgreSQL must not run as root; run this script as a non-root user"
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Server settings shared by primary and standbys (a standby may be promoted one day, and
+# hot_standby only matters on standbys).
+pg_major_version() {
+	local v
+	v="$(postgres --version)" # "postgres (PostgreSQL) 17.2 (Debian 17.2-1.pgdg120+1)"
+	if [[ "$v" =~ \(PostgreSQL\)\ ([0-9]+) ]]; then
+		printf '%s\n' "${BASH_REMATCH[1]}"
+	fi
+}
+
+PG_MAJOR_VERSION="$(pg_major_version)"
+[ -n "$PG_MAJOR_VERSION" ] || die "cannot determine the PostgreSQL major version"
+WAL_KEEP_SIZE="${WAL_KEEP_SIZE:-256MB}"
+PG_ARGS=(
+	-c "listen_addresses=${LISTEN_ADDRESSES:-*}"
+	-c wal_level=replica
+	-c "max_wal_senders=${MAX_WAL_SENDERS:-10}"
+	-c hot_standby=on
+)
+if [ "$PG_MAJOR_VERSION" -ge 13 ]; then
+	PG_ARGS+=(-c "wal_keep_size=$WAL_KEEP_SIZE")
+else
+	PG_ARGS+=(-c "wal_keep_segments=${WAL_KEEP_SEGMENTS:-16}")
+fi
+if [ -n "${PG_SOCKET_DIR:-}" ]; then
+	PG_ARGS+=(-c "unix_socket_directories=$PG_SOCKET_DIR")
+	# local clients (psql in primary-init.sh, pg_ctl) find the server through PGHOST
+	export PGHOST="$PG_SOCKET_DIR"
+fi
+
+data_dir_initialized() {
+	[ -s "$PGDATA/PG_VERSION" ]
+}
+
+run_primary_init() {
+	log "configuring replication role and pg_hba.conf"
+	bash "$SCRIPTS_DIR/primary-init.sh"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Standby helpers.
+
+# conninfo value quoting: 'value' with \ and ' backslash-escaped
+conninfo_quote() {
+	local v="$1"
+	v="${v//\\/\\\\}"
+	v="${v//\'/\\\'}"
+	printf "'%s'" "$v"
+}
+
+# postgresql.conf string quoting: 'value' with \ doubled and ' doubled
+guc_quote() {
+	local v="$1"
+	v="${v//\\/\\\\}"
+	v="${v//\'/\'\'}"
+	printf "'%s'" "$v"
+}
+
+# (Re)write the standby configuration of data directory $1: standby.signal and primary_conninfo in
+# postgresql.auto.conf (replacing the one pg_basebackup -R wrote). Done on every standby start so
+# that a changed PRIMARY_HOST or REPLICATION_PASSWORD is picked up, and so that a standby can never
+# come up as a second primary.
+write_standby_config() {
+	local dir="$1" conninfo auto tmp
+	conninfo="host=$(conninfo_quote "$PRIMARY_HOST") port=$(conninfo_quote "$PRIMARY_PORT")"
+	conninfo+=" user=$(conninfo_quote "$REPLICATION_USER") password=$(conninfo_quote "$REPLICATION_PASSWORD")"
+	conninfo+=" application_name=$(conninfo_quote "$POD_NAME")"
+	auto="$dir/postgresql.auto.conf"
+	tmp="$auto.dbservice.tmp"
+	(
+		umask 077
+		if [ -f "$auto" ]; then
+			grep -v -E '^[[:space:]]*primary_conninfo[[:space:]]*=' "$auto" >"$tmp" || true
+		else
+			printf '# Do not edit this file manually!\n# It will be overwritten by the ALTER SYSTEM command.\n' >"$tmp"
+		fi
+		printf 'primary_conninfo = %s\n' "$(guc_quote "$conninfo")" >>"$tmp"
+	)
+	mv -f "$tmp" "$auto"
+	: >>"$dir/standby.signal"
+}
+
+wait_for_primary() {
+	local timeout="${PRIMARY_WAIT_TIMEOUT:-300}" start now
+	start="$(date +%s)"
+	log "waiting for primary $PRIMARY_HOST:$PRIMARY_PORT (up to ${timeout}s)"
+	while :; do
+		if pg_isready -q -h "$PRIMARY_HOST" -p "$PRIMARY_PORT" -U "$REPLICATION_USER" -d postgres -t 5; then
+			log "primary is accepting connections"
+			return 0
+		fi
+		now="$(date +%s)"
+		if [ "$((now - start))" -ge "$timeout" ]; then
+			die "primary $PRIMARY_HOST:$PRIMARY_PORT not ready after ${timeout}s"
+		fi
+		sleep 2
+	done
+}
+
+bootstrap_standby() {
+	local parent staging attempt max="${BASEBACKUP_ATTEMPTS:-3}"
+	parent="$(dirname "$PGDATA")"
+	staging="$PGDATA.bootstrap"
+	mkdir -p "$parent"
+	[ -w "$parent" ] || die "$parent is not writable by uid $(id -u); PGDATA must be a subdirectory of a writable volume (fsGroup)"
+
+	# Anything in PGDATA without PG_VERSION is an interrupted bootstrap: a standby holds no data of
+	# its own, so it is safe to start over.
+	if [ -d "$PGDATA" ] && [ -n "$(ls -A "$PGDATA")" ]; then
+		log "removing incomplete data directory contents in $PGDATA"
+		find "$PGDATA" -mindepth 1 -delete
+	fi
+
+	wait_for_primary
+	attempt=1
+	while :; do
+		rm -rf -- "$staging"
+		log "cloning primary with pg_basebackup (attempt $attempt/$max)"
+		# In the background + wait, so that SIGTERM (pod deletion) interrupts it.
+		PGPASSWORD="$REPLICATION_PASSWORD" pg_basebackup \
+			-h "$PRIMARY_HOST" -p "$PRIMARY_PORT" -U "$REPLICATION_USER" -w \
+			-D "$staging" -R -X stream --checkpoint=fast &
+		CHILD_PID=$!
+		if wait "$CHILD_PID"; then
+			CHILD_PID=
+			break
+		fi
+		CHILD_PID=
+		if [ "$attempt" -ge "$max" ]; then
+			rm -rf -- "$staging"
+			die "pg_basebackup failed $max times"
+		fi
+		attempt=$((attempt + 1))
+		sleep 5
+	done
+	chmod 700 "$staging"
+	write_standby_config "$staging"
+	# Atomic hand-over: PGDATA only ever holds a complete copy.
+	if [ -d "$PGDATA" ]; then
+		rmdir "$PGDATA"
+	fi
+	mv "$staging" "$PGDATA"
+	log "base backup complete"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Standalone initdb (tests, or plain PostgreSQL installations). The container path uses the
+# official docker-entrypoint.sh instead; both run the same primary-init.sh.
+standalone_init_primary() {
+	log "initializing new database cluster in $PGDATA"
+	mkdir -p "$PGDATA"
+	chmod 700 "$PGDATA"
+	initdb -D "$PGDATA" --username="$POSTGRES_USER" \
+		--pwfile=<(printf '%s\n' "$POSTGRES_PASSWORD") \
+		--auth-local=trust --auth-host=scram-sha-256 >/dev/null
+	printf '\nhost all all all scram-sha-256\n' >>"$PGDATA/pg_hba.conf"
+
+	local temp_opts=(-c "listen_addresses=" -p "$PGPORT")
+	if [ -n "${PG_SOCKET_DIR:-}" ]; then
+		temp_opts+=(-c "unix_socket_directories=$PG_SOCKET_DIR")
+	fi
+	if ! pg_ctl -D "$PGDATA" -o "$(printf '%q ' "${temp_opts[@]}")" -w -s -l "$PGDATA/init.log" start; then
+		cat "$PGDATA/init.log" >&2 || :
+		die "temporary server failed to start"
+	fi
+	psql -X -q -v ON_ERROR_STOP=1 --no-password --username "$POSTGRES_USER" --dbname postgres \
+		--set db="$POSTGRES_DB" <<-'EOSQL'
+		SELECT format('CREATE DATABASE %I', :'db')
+		WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = :'db') \gexec
+	EOSQL
+	run_primary_init
+	pg_ctl -D "$PGDATA" -m fast -w -s stop
+	rm -f "$PGDATA/init.log"
+	log "initialization complete"
+}
+
+start_postgres() {
+	if [ "$MODE" = standalone ]; then
+		log "starting postgres"
+		exec postgres -D "$PGDATA" "${PG_ARGS[@]}"
+	fi
+	official_entrypoint_source
+	# Run primary-init.sh right after /docker-entrypoint-initdb.d/* during the official first-boot
+	# initialization (temporary socket-only server, superuser POSTGRES_USER).
+	eval "dbservice_official_$(declare -f docker_process_init_files)"
+	docker_process_init_files() {
+		dbservice_official_docker_process_init_files "$@"
+		if [ "$ROLE" = primary ]; then
+			run_primary_init
+		fi
+	}
+	log "handing over to docker-entrypoint.sh"
+	set +u
+	_main postgres "${PG_ARGS[@]}"
+}
+
+# ---------------------------------------------------------------------------------------------
+log "pod $POD_NAME (ordinal $ORDINAL) starts as $ROLE, PostgreSQL $PG_MAJOR_VERSION, mode $MODE"
+case "$ROLE" in
+primary)
+	if [ -e "$PGDATA/standby.signal" ]; then
+		log "WARNING: $PGDATA/standby.signal exists on the primary; it will start in recovery"
+	fi
+	if [ "$MODE" = standalone ] && ! data_dir_initialized; then
+		standalone_init_primary
+	elif data_dir_initialized; then
+		log "existing data directory found; skipping initialization"
+	fi
+	;;
+standby)
+	# As PID 1, bash ignores SIGTERM unless trapped: make pod deletion during the wait for the
+	# primary or the base backup stop promptly (a half-done backup is discarded on the next start).
+	CHILD_PID=
+	trap 'log "terminated during bootstrap"; [ -z "$CHILD_PID" ] || kill -TERM "$CHILD_PID" 2>/dev/null || :; exit 143' TERM INT
+	rm -rf -- "$PGDATA.bootstrap"
+	if data_dir_initialized; then
+		log "existing data directory found; skipping base backup"
+	else
+		bootstrap_standby
+	fi
+	write_standby_config "$PGDATA"
+	chmod 700 "$PGDATA"
+	;;
+esac
+start_postgres

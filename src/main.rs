@@ -1,0 +1,39 @@
+use dbservice_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use dbservice_operator::{crd, run, telemetry};
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse_or_exit();
+    let result = match cli.command {
+        Some(Command::Run(args)) => {
+            telemetry::init(args.webhook.log_format);
+            run::run(args).await
+        }
+        None => {
+            // `run` is the default: parse its flags from the environment alone.
+            let args = <RunArgs as clap::FromArgMatches>::from_arg_matches(
+                &<RunArgs as clap::Args>::augment_args(clap::Command::new("run")).get_matches_from(["run"]),
+            )
+            .expect("defaults parse");
+            telemetry::init(args.webhook.log_format);
+            run::run(args).await
+        }
+        Some(Command::Webhook(args)) => {
+            telemetry::init(args.log_format);
+            run::webhook(args).await
+        }
+        Some(Command::Crd(args)) => {
+            print!("{}", if args.spec_only { crd::crd_spec_yaml() } else { crd::crd_yaml() });
+            Ok(())
+        }
+        Some(Command::Certs(args)) => run::certs(args),
+        Some(Command::Ledger(args)) => {
+            telemetry::init(LogFormat::Text);
+            run::ledger(args).await
+        }
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,137 @@
+//! Prometheus metrics of both halves of the binary, served on the plain-HTTP probe port.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// Labels of one admission request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// "validate" or "mutate".
+    pub webhook: String,
+    /// CREATE, UPDATE, DELETE or CONNECT.
+    pub operation: String,
+    /// allowed, denied, patched or error.
+    pub result: String,
+}
+
+/// Labels of one admission denial.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DenialLabels {
+    /// "validate" or "mutate".
+    pub webhook: String,
+    /// Kubernetes field error reason, such as FieldValueInvalid.
+    pub reason: String,
+}
+
+/// Labels of one webhook for the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// "validate" or "mutate".
+    pub webhook: String,
+}
+
+/// Labels of one write to the Kubernetes API.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// Kind written, such as StatefulSet.
+    pub kind: String,
+    /// apply, patch, create, delete or status.
+    pub verb: String,
+}
+
+/// Labels of one reconciliation outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// success or error.
+    pub result: String,
+}
+
+/// Every metric the operator exposes.
+pub struct Metrics {
+    registry: Registry,
+    /// Admission requests by webhook, operation and result.
+    pub admission_requests: Family<AdmissionLabels, Counter>,
+    /// Admission handling latency in seconds.
+    pub admission_duration: Family<WebhookLabels, Histogram>,
+    /// Admission denials by reason.
+    pub admission_denials: Family<DenialLabels, Counter>,
+    /// Seconds until the served certificate expires.
+    pub certificate_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// Reconciliations by result.
+    pub reconciliations: Family<ReconcileLabels, Counter>,
+    /// Writes the controller made, by kind and verb (a converged cluster sees none).
+    pub writes: Family<WriteLabels, Counter>,
+    /// 1 while this process holds the leader Lease.
+    pub leader: Gauge,
+    /// Times this process gained or lost leadership.
+    pub leadership_changes: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("dbservice");
+        let admission_requests = Family::<AdmissionLabels, Counter>::default();
+        let admission_duration = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
+            // Sub-millisecond buckets: an in-memory admission decision takes microseconds.
+            Histogram::new([0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0])
+        });
+        let admission_denials = Family::<DenialLabels, Counter>::default();
+        let certificate_expiry_seconds = Gauge::<f64, AtomicU64>::default();
+        let reconciliations = Family::<ReconcileLabels, Counter>::default();
+        let writes = Family::<WriteLabels, Counter>::default();
+        let leader = Gauge::default();
+        let leadership_changes = Counter::default();
+        registry.register(
+            "admission_requests",
+            "Admission requests by webhook, operation and result",
+            admission_requests.clone(),
+        );
+        registry.register("admission_duration_seconds", "Admission handling latency", admission_duration.clone());
+        registry.register("admission_denials", "Admission denials by reason", admission_denials.clone());
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the served webhook certificate expires",
+            certificate_expiry_seconds.clone(),
+        );
+        registry.register("reconciliations", "Reconciliations by result", reconciliations.clone());
+        registry.register("controller_writes", "Writes to the Kubernetes API made by the controller", writes.clone());
+        registry.register("leader", "1 while this process holds the leader Lease", leader.clone());
+        registry.register("leadership_changes", "Leadership gained or lost", leadership_changes.clone());
+        Self {
+            registry,
+            admission_requests,
+            admission_duration,
+            admission_denials,
+            certificate_expiry_seconds,
+            reconciliations,
+            writes,
+            leader,
+            leadership_changes,
+        }
+    }
+
+    /// Counts one write of the controller.
+    pub fn count_write(&self, kind: &str, verb: &str) {
+        self.writes.get_or_create(&WriteLabels { kind: kind.into(), verb: verb.into() }).inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut output = String::new();
+        prometheus_client::encoding::text::encode(&mut output, &self.registry)
+            .expect("writing to a String cannot fail");
+        output
+    }
+}

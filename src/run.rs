@@ -1,0 +1,197 @@
+//! Wiring of the subcommands: the admission server alone, or everything (`run`).
+
+use crate::certificates::managed::ManagedCertificates;
+use crate::cli::{CertsArgs, LedgerArgs, RunArgs, WebhookArgs};
+use crate::controller::{self, ControllerSettings};
+use crate::leader::LeaderElection;
+use crate::metrics::Metrics;
+use crate::webhook::server::{bind, serve_plain, serve_tls};
+use crate::webhook::tls::{install_crypto_provider, ReloadingCertificate};
+use crate::webhook::{admission_router, probe_router, AdmissionState, Readiness};
+use anyhow::Context as _;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often certificate files are checked for changes.
+const CERTIFICATE_POLL: Duration = Duration::from_secs(2);
+
+/// A channel that turns true on SIGTERM or SIGINT.
+pub fn shutdown_signal() -> watch::Receiver<bool> {
+    let (sender, receiver) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("can install a SIGTERM handler");
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("shutdown requested");
+        let _ = sender.send(true);
+    });
+    receiver
+}
+
+/// Starts the HTTPS admission server and the probe server; returns their tasks.
+async fn start_servers(
+    args: &WebhookArgs,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    install_crypto_provider();
+    let certificate = ReloadingCertificate::load(&args.tls_cert, &args.tls_key)
+        .map_err(|error| anyhow::anyhow!("--tls-cert/--tls-key: {error}"))?;
+    let state = AdmissionState::new(&args.min_storage_size, metrics.clone())
+        .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?;
+    let webhook_listener = bind(args.listen, "--listen").await?;
+    let probe_listener = bind(args.probe_listen, "--probe-listen").await?;
+    tracing::info!(listen = %args.listen, probe_listen = %args.probe_listen, "admission server listening");
+    let watch_task = tokio::spawn(certificate.clone().watch(CERTIFICATE_POLL, metrics.clone()));
+    let tls_task = tokio::spawn(serve_tls(webhook_listener, admission_router(state), certificate, shutdown.clone()));
+    let probe_task = tokio::spawn(serve_plain(probe_listener, probe_router(metrics, readiness.clone()), shutdown));
+    readiness.set(true);
+    Ok(vec![tls_task, probe_task, watch_task])
+}
+
+/// `dbservice-operator webhook`: the admission server alone.
+pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::default();
+    let mut shutdown = shutdown_signal();
+    let tasks = start_servers(&args, metrics, readiness.clone(), shutdown.clone()).await?;
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    readiness.set(false);
+    for task in tasks.into_iter().take(2) {
+        let _ = task.await;
+    }
+    Ok(())
+}
+
+/// `dbservice-operator run`: admission server, leader election and controller.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    install_crypto_provider();
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::default();
+    let mut shutdown = shutdown_signal();
+    if args.manage_certificates {
+        let managed = ManagedCertificates {
+            namespace: args.namespace.clone(),
+            secret_name: args.certificate_secret.clone(),
+            service_name: args.webhook_service.clone(),
+            validating_webhook: args.validating_webhook_configuration.clone(),
+            mutating_webhook: args.mutating_webhook_configuration.clone(),
+            certificate_path: args.webhook.tls_cert.clone(),
+            key_path: args.webhook.tls_key.clone(),
+        };
+        // The first pass must succeed: without files there is nothing to serve.
+        let mut attempt = 0;
+        while let Err(error) = managed.reconcile(&client).await {
+            attempt += 1;
+            if attempt >= 30 {
+                return Err(anyhow::anyhow!("managing webhook certificates: {error}"));
+            }
+            tracing::warn!(%error, "cannot prepare webhook certificates yet; retrying");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        tokio::spawn(managed.run(client.clone(), Duration::from_secs(60)));
+    }
+    let servers = start_servers(&args.webhook, metrics.clone(), readiness.clone(), shutdown.clone()).await?;
+    let election = LeaderElection {
+        namespace: args.namespace.clone(),
+        lease_name: args.lease_name.clone(),
+        identity: args.identity.clone(),
+        lease_duration: Duration::from_secs(args.lease_duration_seconds),
+    };
+    let (leader, election_task) = election.spawn(client.clone(), metrics.clone(), shutdown.clone());
+    let context = Arc::new(controller::Context {
+        client: client.clone(),
+        recorder: controller::recorder(client.clone(), &args.identity),
+        metrics: metrics.clone(),
+        settings: ControllerSettings {
+            min_storage_size: args.webhook.min_storage_size.clone(),
+            progress_deadline: Duration::from_secs(args.progress_deadline_seconds),
+            unhealthy_threshold: Duration::from_secs(args.unhealthy_threshold_seconds),
+            restart_backoff: Duration::from_secs(args.restart_backoff_seconds),
+            restart_backoff_cap: Duration::from_secs(args.restart_backoff_cap_seconds),
+            restore_probe: Duration::from_secs(args.restore_probe_seconds),
+            concurrency: args.concurrency,
+        },
+    });
+    let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));
+    let _ = shutdown.wait_for(|stop| *stop).await;
+    readiness.set(false);
+    // The Lease is released first so that a successor takes over at once.
+    let _ = election_task.await;
+    let _ = controller_task.await;
+    for task in servers.into_iter().take(2) {
+        let _ = task.await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `dbservice-operator certs`.
+pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
+    let bundle = crate::certificates::generate_bundle(&args.dns, &args.ip)?;
+    crate::certificates::write_bundle(&bundle, &args.out)?;
+    println!(
+        "wrote {0}/ca.crt, {0}/tls.crt and {0}/tls.key (DNS {1:?}, IP {2:?})",
+        args.out.display(),
+        args.dns,
+        args.ip
+    );
+    Ok(())
+}
+
+/// `dbservice-operator ledger NAME -n NAMESPACE`.
+pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
+    use crate::api::DatabaseService;
+    use crate::controller::build::ChildNames;
+    use crate::controller::ledger::{parse, render_table, LEDGER_KEY};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    install_crypto_provider();
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
+    let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
+    let database = databases.get_opt(&args.name).await?;
+    let ledger = config_maps.get_opt(&ChildNames::ledger(&args.name)).await?;
+    if database.is_none() && ledger.is_none() {
+        anyhow::bail!("no DatabaseService {:?} and no ledger in namespace {:?}", args.name, args.namespace);
+    }
+    match &database {
+        Some(database) => {
+            let status = database.status.clone().unwrap_or_default();
+            println!("DatabaseService {}/{}", args.namespace, args.name);
+            println!(
+                "  phase: {}   ready: {}/{}   version: {} (spec {})   last stable: {}",
+                status.phase.map(|phase| phase.to_string()).unwrap_or_else(|| "-".into()),
+                status.ready_replicas,
+                database.spec.replicas_or_default(),
+                status.current_version.as_deref().unwrap_or("-"),
+                database.spec.version,
+                status.last_stable_version.as_deref().unwrap_or("-"),
+            );
+            for condition in &status.conditions {
+                println!(
+                    "  {:<17} {:<5} {:<26} {}",
+                    condition.type_, condition.status, condition.reason, condition.message
+                );
+            }
+        }
+        None => println!("DatabaseService {}/{} no longer exists; its ledger was retained", args.namespace, args.name),
+    }
+    let entries = ledger
+        .and_then(|config_map| config_map.data)
+        .and_then(|data| data.get(LEDGER_KEY).cloned())
+        .map(|text| parse(&text))
+        .unwrap_or_default();
+    println!();
+    print!("{}", render_table(&entries));
+    Ok(())
+}

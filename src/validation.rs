@@ -1,0 +1,355 @@
+//! The one validation function, pure, shared by the admission webhook and the reconciler.
+//!
+//! Every violation is reported at once with its field path, in the style of Kubernetes field
+//! errors (`spec.version: Invalid value: "latest": must match ...`).
+
+use crate::api::{DatabaseService, DatabaseServiceSpec, MAX_REPLICAS, MIN_REPLICAS};
+use crate::quantity::parse_bytes;
+use chrono::NaiveDate;
+use std::fmt;
+use std::sync::LazyLock;
+
+/// Pattern every `spec.version` must match.
+pub const VERSION_PATTERN: &str = r"^\d+(\.\d+){0,2}$";
+/// Oldest supported PostgreSQL major version.
+pub const OLDEST_SUPPORTED_MAJOR: u32 = 13;
+/// Newest supported PostgreSQL major version.
+pub const NEWEST_SUPPORTED_MAJOR: u32 = 18;
+/// Longest DatabaseService name: child names add suffixes such as "-replicas" and the
+/// StatefulSet's pods carry a revision hash label that must stay within 63 characters.
+pub const MAX_NAME_LENGTH: usize = 52;
+
+/// End of community support for each major (PostgreSQL versioning policy: five years).
+const END_OF_LIFE: [(u32, (i32, u32, u32)); 6] = [
+    (13, (2025, 11, 13)),
+    (14, (2026, 11, 12)),
+    (15, (2027, 11, 11)),
+    (16, (2028, 11, 9)),
+    (17, (2029, 11, 8)),
+    (18, (2030, 11, 14)),
+];
+
+static VERSION_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(VERSION_PATTERN).expect("version pattern compiles"));
+static IDENTIFIER_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^[a-z_][a-z0-9_]*$").expect("identifier pattern compiles"));
+static DNS_LABEL_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("label pattern compiles"));
+
+/// Inputs of validation that come from the operator's configuration or the clock.
+#[derive(Clone, Debug)]
+pub struct ValidationSettings {
+    /// Smallest allowed `spec.storageSize`, as written by the operator's flag (for messages).
+    pub min_storage_size: String,
+    /// The same minimum in bytes.
+    pub min_storage_bytes: u128,
+    /// Today's date, for end-of-life warnings.
+    pub today: NaiveDate,
+}
+
+impl ValidationSettings {
+    /// Settings with the given minimum storage size and today's date.
+    pub fn new(min_storage_size: &str) -> Result<Self, crate::quantity::ParseQuantityError> {
+        Ok(Self {
+            min_storage_bytes: parse_bytes(min_storage_size)?,
+            min_storage_size: min_storage_size.to_string(),
+            today: chrono::Utc::now().date_naive(),
+        })
+    }
+}
+
+/// What kind of problem a field has, mirroring Kubernetes' field.ErrorType.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldErrorKind {
+    /// The field is missing or empty.
+    Required,
+    /// The value is malformed or out of range.
+    Invalid(String),
+    /// The value is well-formed but not one of the supported ones.
+    Unsupported(String),
+    /// The change or the value is not allowed.
+    Forbidden,
+}
+
+/// One violation of the rules, with its field path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path such as `spec.version`.
+    pub path: String,
+    /// Category of the violation.
+    pub kind: FieldErrorKind,
+    /// Human explanation of the rule.
+    pub detail: String,
+}
+
+impl FieldError {
+    fn invalid(path: &str, value: impl fmt::Display, detail: impl Into<String>) -> Self {
+        Self { path: path.into(), kind: FieldErrorKind::Invalid(value.to_string()), detail: detail.into() }
+    }
+
+    /// A short machine-friendly reason, used as a metrics label.
+    pub fn reason(&self) -> &'static str {
+        match self.kind {
+            FieldErrorKind::Required => "FieldValueRequired",
+            FieldErrorKind::Invalid(_) => "FieldValueInvalid",
+            FieldErrorKind::Unsupported(_) => "FieldValueNotSupported",
+            FieldErrorKind::Forbidden => "FieldValueForbidden",
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            FieldErrorKind::Required => write!(formatter, "{}: Required value", self.path)?,
+            FieldErrorKind::Invalid(value) => write!(formatter, "{}: Invalid value: {value:?}", self.path)?,
+            FieldErrorKind::Unsupported(value) => write!(formatter, "{}: Unsupported value: {value:?}", self.path)?,
+            FieldErrorKind::Forbidden => write!(formatter, "{}: Forbidden", self.path)?,
+        }
+        if !self.detail.is_empty() {
+            write!(formatter, ": {}", self.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// All violations and warnings of one object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ValidationOutcome {
+    /// Violations: any one of them denies admission.
+    pub errors: Vec<FieldError>,
+    /// Things the user should know that do not block admission.
+    pub warnings: Vec<String>,
+}
+
+impl ValidationOutcome {
+    /// True when there is no violation.
+    pub fn is_allowed(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// All violations joined in one message, as Kubernetes does for field error lists.
+    pub fn message(&self) -> String {
+        let errors: Vec<String> = self.errors.iter().map(ToString::to_string).collect();
+        errors.join(", ")
+    }
+}
+
+/// Validates a DatabaseService, on creation (`old` is None) or on update.
+///
+/// Objects being deleted and updates that leave the spec unchanged (status, finalizers,
+/// labels) are never blocked, so that the controller can always finish its work.
+pub fn validate(
+    object: &DatabaseService,
+    old: Option<&DatabaseService>,
+    settings: &ValidationSettings,
+) -> ValidationOutcome {
+    let mut outcome = ValidationOutcome::default();
+    if object.metadata.deletion_timestamp.is_some() {
+        return outcome;
+    }
+    if let Some(old) = old {
+        if old.spec == object.spec {
+            return outcome;
+        }
+    }
+    if let Some(name) = object.metadata.name.as_deref() {
+        validate_name(name, &mut outcome.errors);
+    }
+    let spec = &object.spec;
+    validate_version(&spec.version, &mut outcome.errors);
+    validate_storage(spec, settings, &mut outcome.errors);
+    if let Some(replicas) = spec.replicas {
+        if !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas) {
+            outcome.errors.push(FieldError::invalid(
+                "spec.replicas",
+                replicas,
+                format!("must be between {MIN_REPLICAS} and {MAX_REPLICAS}"),
+            ));
+        }
+    }
+    validate_identifier("spec.databaseName", &spec.database_name, &mut outcome.errors);
+    validate_identifier("spec.username", &spec.username, &mut outcome.errors);
+    if spec.username == "postgres" || spec.username.starts_with("pg_") {
+        outcome.errors.push(FieldError {
+            path: "spec.username".into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: format!(
+                "{:?} is reserved: \"postgres\" and names starting with \"pg_\" belong to PostgreSQL",
+                spec.username
+            ),
+        });
+    }
+    if let Some(image) = spec.image.as_deref() {
+        validate_image(image, &mut outcome.errors);
+    }
+    if let Some(old) = old {
+        validate_update(&old.spec, spec, &mut outcome.errors);
+    }
+    outcome.warnings = warnings(spec, settings);
+    outcome
+}
+
+fn validate_name(name: &str, errors: &mut Vec<FieldError>) {
+    if name.len() > MAX_NAME_LENGTH || !DNS_LABEL_REGEX.is_match(name) {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            name,
+            format!(
+                "must be a lowercase DNS label of at most {MAX_NAME_LENGTH} characters (letters, digits and '-', starting with a letter), because it names Services and pods"
+            ),
+        ));
+    }
+}
+
+/// Major version of a version string that matches [`VERSION_PATTERN`].
+pub fn major_version(version: &str) -> Option<u32> {
+    if !VERSION_REGEX.is_match(version) {
+        return None;
+    }
+    version.split('.').next()?.parse().ok()
+}
+
+fn validate_version(version: &str, errors: &mut Vec<FieldError>) {
+    if version.is_empty() {
+        errors.push(FieldError {
+            path: "spec.version".into(),
+            kind: FieldErrorKind::Required,
+            detail: format!("must match {VERSION_PATTERN}"),
+        });
+        return;
+    }
+    match major_version(version) {
+        None => errors.push(FieldError::invalid("spec.version", version, format!("must match {VERSION_PATTERN}"))),
+        Some(major) if !(OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(&major) => errors.push(FieldError {
+            path: "spec.version".into(),
+            kind: FieldErrorKind::Unsupported(version.to_string()),
+            detail: format!("supported major versions are {OLDEST_SUPPORTED_MAJOR} to {NEWEST_SUPPORTED_MAJOR}"),
+        }),
+        Some(_) => {}
+    }
+}
+
+fn validate_storage(spec: &DatabaseServiceSpec, settings: &ValidationSettings, errors: &mut Vec<FieldError>) {
+    if spec.storage_size.is_empty() {
+        errors.push(FieldError {
+            path: "spec.storageSize".into(),
+            kind: FieldErrorKind::Required,
+            detail: "must be a quantity such as 10Gi".into(),
+        });
+        return;
+    }
+    match parse_bytes(&spec.storage_size) {
+        Err(_) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            &spec.storage_size,
+            "must be a quantity such as 10Gi (a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G, T)",
+        )),
+        Ok(bytes) if bytes < settings.min_storage_bytes => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            &spec.storage_size,
+            format!("must be at least {}", settings.min_storage_size),
+        )),
+        Ok(_) => {}
+    }
+}
+
+fn validate_identifier(path: &str, value: &str, errors: &mut Vec<FieldError>) {
+    if value.is_empty() {
+        errors.push(FieldError {
+            path: path.into(),
+            kind: FieldErrorKind::Required,
+            detail: "must be a PostgreSQL identifier".into(),
+        });
+    } else if value.len() > 63 || !IDENTIFIER_REGEX.is_match(value) {
+        errors.push(FieldError::invalid(
+            path,
+            value,
+            "must be a PostgreSQL identifier: a lowercase letter or '_' first, then lowercase letters, digits or '_', at most 63 bytes",
+        ));
+    }
+}
+
+/// The tag of an image reference, if it has one (a digest reference has none).
+pub fn image_tag(image: &str) -> Option<&str> {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last_segment = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    last_segment.split_once(':').map(|(_, tag)| tag)
+}
+
+fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
+    let detail =
+        "must name an explicit tag or digest other than \"latest\", so that every instance runs the same version";
+    if image.trim().is_empty() || image.contains(char::is_whitespace) {
+        errors.push(FieldError::invalid("spec.image", image, "must be a container image reference"));
+    } else if image.contains('@') {
+        // A digest pins the image whatever the tag says.
+    } else if matches!(image_tag(image), None | Some("latest") | Some("")) {
+        errors.push(FieldError::invalid("spec.image", image, detail));
+    }
+}
+
+fn validate_update(old: &DatabaseServiceSpec, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
+    let immutable = |path: &str, old_value: String, new_value: String, errors: &mut Vec<FieldError>| {
+        if old_value != new_value {
+            errors.push(FieldError::invalid(path, new_value, format!("field is immutable (was {old_value:?})")));
+        }
+    };
+    immutable("spec.databaseName", old.database_name.clone(), new.database_name.clone(), errors);
+    immutable("spec.username", old.username.clone(), new.username.clone(), errors);
+    immutable(
+        "spec.storageClassName",
+        old.storage_class_name.clone().unwrap_or_default(),
+        new.storage_class_name.clone().unwrap_or_default(),
+        errors,
+    );
+    if let (Ok(old_bytes), Ok(new_bytes)) = (parse_bytes(&old.storage_size), parse_bytes(&new.storage_size)) {
+        if new_bytes < old_bytes {
+            errors.push(FieldError::invalid(
+                "spec.storageSize",
+                &new.storage_size,
+                format!("may grow but never shrink (was {:?}): volumes cannot be made smaller", old.storage_size),
+            ));
+        }
+    }
+    if let (Some(old_major), Some(new_major)) = (major_version(&old.version), major_version(&new.version)) {
+        if old_major != new_major {
+            errors.push(FieldError {
+                path: "spec.version".into(),
+                kind: FieldErrorKind::Forbidden,
+                detail: format!(
+                    "changing the major version from {old_major} to {new_major} is not supported: major upgrades need pg_upgrade; only minor versions within {old_major} may change"
+                ),
+            });
+        }
+    }
+}
+
+fn warnings(spec: &DatabaseServiceSpec, settings: &ValidationSettings) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(major) = major_version(&spec.version) {
+        let end_of_life = END_OF_LIFE
+            .iter()
+            .find(|(eol_major, _)| *eol_major == major)
+            .and_then(|(_, (year, month, day))| NaiveDate::from_ymd_opt(*year, *month, *day));
+        if let Some(end_of_life) = end_of_life {
+            if settings.today >= end_of_life {
+                warnings.push(format!(
+                    "spec.version: PostgreSQL {major} reached end of life on {end_of_life} and receives no more fixes; plan a move to a newer major"
+                ));
+            }
+        }
+    }
+    if spec.replicas_or_default() > 1 && spec.resources.is_none() {
+        warnings.push(
+            "spec.resources: replicas > 1 without resources: standbys may be scheduled where they starve the primary; set requests and limits".into(),
+        );
+    }
+    if spec.deletion_policy == Some(crate::api::DeletionPolicy::Delete) {
+        warnings.push(
+            "spec.deletionPolicy: Delete removes the data volumes and credentials together with the DatabaseService"
+                .into(),
+        );
+    }
+    warnings
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Stops the local control plane started by up.sh: exactly the processes named in .cluster/pids/ (and only
+# if their command line still points into this .cluster directory, so a recycled pid is never touched),
+# waits for them to exit, and removes this run's data (.cluster/run, kubeconfig, state.env).
+# Logs (.cluster/logs) and the binary symlinks (.cluster/bin) stay. Idempotent: nothing running is fine.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+CLUSTER_DIR="${DBSERVICE_CLUSTER_DIR:-$repo/.cluster}"
+PIDS="$CLUSTER_DIR/pids"
+GRACE="${DBSERVICE_STOP_TIMEOUT:-20}"
+
+log() { printf '[cluster-down] %s\n' "$*" >&2; }
+
+# Same check as up.sh's pid_of: alive and started by us.
+ours() {
+  local pid="$1" cmdline
+  cmdline="$( { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
+  [[ "$cmdline" == *"$CLUSTER_DIR/"* ]]
+}
+
+# stop NAME: SIGTERM, wait up to GRACE seconds, then SIGKILL. The processes are not children of this shell
+# (up.sh detached them), so "wait" cannot be used; poll /proc instead.
+stop() {
+  local name="$1" file="$PIDS/$1.pid" pid
+  [ -s "$file" ] || { rm -f "$file"; return 0; }
+  pid="$(cat "$file")"
+  if ours "$pid"; then
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq $((GRACE * 10))); do
+      ours "$pid" || break
+      sleep 0.1
+    done
+    if ours "$pid"; then
+      log "$name (pid $pid) ignored SIGTERM for ${GRACE}s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do ours "$pid" || break; sleep 0.1; done
+    fi
+  fi
+  rm -f "$file"
+}
+
+if [ -d "$PIDS" ]; then
+  # Clients first, etcd last, so nothing logs a storm of connection errors while shutting down.
+  for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
+  # Anything else that an older/newer up.sh recorded.
+  for file in "$PIDS"/*.pid; do
+    [ -e "$file" ] || continue
+    stop "$(basename "$file" .pid)"
+  done
+fi
+
+rm -rf "$CLUSTER_DIR/run" "$CLUSTER_DIR/state.env" "$CLUSTER_DIR/kubeconfig"
+log "stopped; removed $CLUSTER_DIR/run"
