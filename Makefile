@@ -7,7 +7,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
-CRD_FILE := charts/dbservice-operator/crds/databaseservices.yaml
+CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 
 .PHONY: help build test lint lint-scripts lint-docker cluster-build cluster-up cluster-down demo crd
 
@@ -43,7 +43,6 @@ lint-scripts: ## shellcheck the control-plane and CI scripts
 lint-docker: ## hadolint the Dockerfile
 	hadolint Dockerfile
 
-crd: ## regenerate the CRD manifest of the Helm chart from the Rust types
-	mkdir -p $(dir $(CRD_FILE))
-	$(CARGO) run -q -- crd > $(CRD_FILE).tmp
+crd: ## regenerate the chart's CRD spec (files/crd-spec.yaml) from the Rust types (tests/crd_sync.rs checks it)
+	$(CARGO) run -q -- crd --spec-only > $(CRD_FILE).tmp
 	mv $(CRD_FILE).tmp $(CRD_FILE)

@@ -99,12 +99,22 @@ pub struct RunArgs {
     /// Seconds to stay degraded before trying all instances again.
     #[arg(long, env = "DBSERVICE_RESTORE_PROBE_SECONDS", default_value_t = 300)]
     pub restore_probe_seconds: u64,
+    /// Reconcile only DatabaseServices in this namespace (all namespaces when empty).
+    #[arg(long, env = "DBSERVICE_WATCH_NAMESPACE", default_value = "")]
+    pub watch_namespace: String,
+    /// Reconcile only DatabaseServices matching this label selector (all when empty); lets
+    /// several operator installations share a cluster, e.g. a canary.
+    #[arg(long, env = "DBSERVICE_SELECTOR", default_value = "")]
+    pub selector: String,
     /// DatabaseServices reconciled at once.
     #[arg(long, env = "DBSERVICE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
     /// Manage the webhook certificates in-cluster (Secret, caBundle, renewal).
     #[arg(long, env = "DBSERVICE_MANAGE_CERTIFICATES", default_value_t = false)]
     pub manage_certificates: bool,
+    /// Seconds between checks that the live caBundle trusts the served certificate (and renewals).
+    #[arg(long, env = "DBSERVICE_CERTIFICATE_CHECK_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub certificate_check_seconds: u64,
     /// Secret holding the managed certificates.
     #[arg(long, env = "DBSERVICE_CERTIFICATE_SECRET", default_value = "dbservice-operator-webhook-tls")]
     pub certificate_secret: String,

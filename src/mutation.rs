@@ -9,6 +9,11 @@ use serde_json::{json, Value};
 /// of a first pass yields no patch. On UPDATE, an image that was the default for the
 /// old version follows a version change (otherwise a minor upgrade would keep the old image).
 pub fn default_patch(object: &DatabaseService, old: Option<&DatabaseService>) -> Option<json_patch::Patch> {
+    // An object being deleted only waits for its finalizers: filling defaults would change its
+    // spec (and generation) under the controller's cleanup, and new finalizers are refused anyway.
+    if object.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
     let mut operations: Vec<Value> = Vec::new();
     let spec = &object.spec;
     if spec.replicas.is_none() {
@@ -30,14 +35,12 @@ pub fn default_patch(object: &DatabaseService, old: Option<&DatabaseService>) ->
         }
         _ => {}
     }
-    if object.metadata.deletion_timestamp.is_none() {
-        match &object.metadata.finalizers {
-            None => operations.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})),
-            Some(finalizers) if !finalizers.iter().any(|finalizer| finalizer == FINALIZER) => {
-                operations.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
-            }
-            Some(_) => {}
+    match &object.metadata.finalizers {
+        None => operations.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})),
+        Some(finalizers) if !finalizers.iter().any(|finalizer| finalizer == FINALIZER) => {
+            operations.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
         }
+        Some(_) => {}
     }
     if operations.is_empty() {
         return None;

@@ -97,7 +97,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::warn!(%error, "cannot prepare webhook certificates yet; retrying");
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        tokio::spawn(managed.run(client.clone(), Duration::from_secs(60)));
+        tokio::spawn(managed.run(client.clone(), Duration::from_secs(args.certificate_check_seconds)));
     }
     let servers = start_servers(&args.webhook, metrics.clone(), readiness.clone(), shutdown.clone()).await?;
     let election = LeaderElection {
@@ -119,6 +119,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             restart_backoff_cap: Duration::from_secs(args.restart_backoff_cap_seconds),
             restore_probe: Duration::from_secs(args.restore_probe_seconds),
             concurrency: args.concurrency,
+            watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
+            selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
         },
     });
     let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));

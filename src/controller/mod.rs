@@ -54,6 +54,10 @@ pub struct ControllerSettings {
     pub restore_probe: Duration,
     /// DatabaseServices reconciled at once.
     pub concurrency: u16,
+    /// Only this namespace, or all when None.
+    pub watch_namespace: Option<String>,
+    /// Only DatabaseServices matching this label selector, or all when None.
+    pub selector: Option<String>,
 }
 
 /// Shared state of every reconciliation.
@@ -139,7 +143,16 @@ pub async fn run_while_leader(
 
 fn controller(client: Client, context: Arc<Context>) -> Controller<DatabaseService> {
     let managed = watcher::Config::default().labels("app.kubernetes.io/managed-by=dbservice-operator");
-    Controller::new(Api::<DatabaseService>::all(client.clone()), watcher::Config::default())
+    let settings = &context.settings;
+    let databases = match &settings.watch_namespace {
+        Some(namespace) => Api::<DatabaseService>::namespaced(client.clone(), namespace),
+        None => Api::<DatabaseService>::all(client.clone()),
+    };
+    let mut selected = watcher::Config::default();
+    if let Some(selector) = &settings.selector {
+        selected = selected.labels(selector);
+    }
+    Controller::new(databases, selected)
         .owns(Api::<StatefulSet>::all(client.clone()), managed.clone())
         .owns(Api::<Service>::all(client.clone()), managed.clone())
         .owns(Api::<ConfigMap>::all(client.clone()), managed.clone())

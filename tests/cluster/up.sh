@@ -435,12 +435,14 @@ launch_kwok() {
   for f in "$here"/stages/*.yaml; do config+=(--config "$f"); done
   # Only nodes annotated kwok.x-k8s.io/node=fake are faked. --node-ip 127.0.0.1: nodes (and so pods'
   # hostIP) point at loopback, so anything the apiserver sends "to a kubelet" stays on this machine.
-  # Pod IPs come from kwok's default 10.0.0.0/24: fake, nothing listens there, never connect to them.
+  # Pod IPs: fake, from --cidr (a /16 so long test runs never exhaust kwok's pool); nothing listens there,
+  # never connect to them.
   start kwok "$KWOK_DIR/kwok" \
     --kubeconfig="$RUN/kwok.kubeconfig" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-ip=127.0.0.1 \
+    --cidr=10.244.0.0/16 \
     --node-lease-duration-seconds=40 \
     --server-address="127.0.0.1:$KWOK_PORT" \
     "${config[@]}"

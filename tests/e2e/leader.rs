@@ -1,0 +1,82 @@
+//! Leader election with real processes: only the holder writes; SIGKILL hands over within the
+//! lease duration, SIGTERM (the Lease is released) within about a second.
+
+use crate::controller::wait_for_phase;
+use crate::support::leader::grant_lease_rights;
+use crate::support::operator::{free_port, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL};
+use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
+use dbservice_operator::api::{DatabaseService, Phase};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const LEASE_SECONDS: u64 = 6;
+
+fn start(namespace: &str, name: &str, kubeconfig: &Path) -> OperatorProcess {
+    let options = OperatorOptions {
+        identity: format!("{name}-{}", std::process::id()),
+        lease_namespace: namespace.into(),
+        lease_duration_seconds: LEASE_SECONDS,
+        watch_namespace: namespace.into(),
+        selector: format!("{ISOLATION_LABEL}={namespace}"),
+        lease_name: CHART_LEASE.into(),
+        extra_arguments: vec![],
+    };
+    OperatorProcess::start(&options, kubeconfig, &shared().certificates, free_port())
+}
+
+/// Waits until exactly one of `candidates` leads; returns its index and how long it took.
+async fn wait_for_single_leader(candidates: &[&OperatorProcess], timeout: Duration) -> (usize, Duration) {
+    let started = Instant::now();
+    let index = eventually("a single leader", timeout, || async {
+        let leaders: Vec<usize> = candidates.iter().enumerate().filter(|(_, process)| process.is_leader()).map(|(index, _)| index).collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+    .await;
+    (index, started.elapsed())
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() {
+    let Some(kubeconfig) = cluster_or_skip("only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "leader").await;
+    let ns = namespace.name.clone();
+    grant_lease_rights(&ns);
+    let token = service_account_kubeconfig(&crate::support::operator::log_directory().join(format!("leader-{}", std::process::id())));
+    let first = start(&ns, "alpha", &token);
+    let second = start(&ns, "beta", &token);
+    let (leader_index, _) = wait_for_single_leader(&[&first, &second], Duration::from_secs(30)).await;
+    let (mut leader, follower) = if leader_index == 0 { (first, second) } else { (second, first) };
+
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
+    let mut database = sample_database("elected");
+    database.metadata.labels = Some([(ISOLATION_LABEL.to_string(), ns.clone())].into());
+    api.create(&PostParams::default(), &database).await.unwrap();
+    wait_for_phase(&api, "elected", Phase::Running, Duration::from_secs(120)).await;
+    assert!(leader.writes() > 0.0, "the leader made no writes");
+    assert_eq!(follower.writes(), 0.0, "the follower wrote; log:\n{}", follower.log_tail());
+
+    // SIGKILL: nobody releases the Lease; the follower takes over once it expires.
+    leader.signal("KILL");
+    let (_, took) = wait_for_single_leader(&[&follower], Duration::from_secs(LEASE_SECONDS * 3)).await;
+    assert!(took <= Duration::from_secs(LEASE_SECONDS + 3), "takeover after SIGKILL took {took:?} (lease {LEASE_SECONDS}s)");
+    // The new leader reconciles: a spec change is acted on.
+    api.patch("elected", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}}))).await.unwrap();
+    eventually("the new leader scales to 2 ready instances", Duration::from_secs(90), || async {
+        let status = api.get("elected").await.ok()?.status?;
+        (status.ready_replicas == 2 && status.phase == Some(Phase::Running)).then_some(())
+    })
+    .await;
+
+    // SIGTERM: the Lease is released, a standby takes over within about a second.
+    let mut current = follower;
+    let successor = start(&ns, "gamma", &token);
+    assert!(!successor.is_leader());
+    current.signal("TERM");
+    let (_, took) = wait_for_single_leader(&[&successor], Duration::from_secs(LEASE_SECONDS * 2)).await;
+    assert!(took <= Duration::from_millis(2500), "takeover after SIGTERM took {took:?}");
+    assert!(current.log_tail().contains("released the leader Lease"), "log:\n{}", current.log_tail());
+}

@@ -1,0 +1,10 @@
+//! End-to-end suite: a real kube-apiserver calls the webhooks and a real controller-manager,
+//! scheduler and kwok run the workloads the operator creates. See support/ for the harness.
+
+mod chart;
+mod controller;
+mod leader;
+mod quiet;
+mod smoke;
+mod support;
+mod webhook;

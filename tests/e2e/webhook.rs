@@ -1,0 +1,93 @@
+//! The real kube-apiserver calls our webhooks through the chart's configurations (URL mode).
+
+use crate::support::{client_for, cluster_or_skip, database_from_yaml, operator::shared, sample_database, TestNamespace};
+use dbservice_operator::api::{DatabaseService, DeletionPolicy, FINALIZER};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+
+fn rejection_message(error: kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message,
+        other => panic!("expected an API rejection, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_objects_are_rejected_with_every_field_error() {
+    let Some(kubeconfig) = cluster_or_skip("bad_objects_are_rejected_with_every_field_error") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "reject").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let bad = database_from_yaml(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: bad\nspec:\n  version: latest\n  storageSize: 100Mi\n  databaseName: app\n  username: postgres\n  image: postgres:latest\n",
+    );
+    let message = rejection_message(api.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert!(message.contains("admission webhook"), "not rejected by our webhook: {message}");
+    for expected in [
+        r#"spec.version: Invalid value: "latest": must match ^\d+(\.\d+){0,2}$"#,
+        r#"spec.storageSize: Invalid value: "100Mi": must be at least 1Gi"#,
+        r#"spec.username: Forbidden: "postgres" is reserved"#,
+        r#"spec.image: Invalid value: "postgres:latest""#,
+    ] {
+        assert!(message.contains(expected), "missing {expected:?} in {message}");
+    }
+    assert!(api.get_opt("bad").await.unwrap().is_none(), "a rejected object must not be stored");
+}
+
+#[tokio::test]
+async fn updates_that_shrink_storage_change_major_or_identity_are_rejected() {
+    let Some(kubeconfig) = cluster_or_skip("updates_that_shrink_storage_change_major_or_identity_are_rejected") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "update").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let mut database = sample_database("grow");
+    database.spec.storage_size = "2Gi".into();
+    api.create(&PostParams::default(), &database).await.unwrap();
+    let patch = serde_json::json!({"spec": {"storageSize": "1Gi", "version": "17.2", "username": "someone_else"}});
+    let message = rejection_message(api.patch("grow", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
+    assert!(message.contains("spec.storageSize") && message.contains("never shrink"), "{message}");
+    assert!(message.contains("major upgrades need pg_upgrade"), "{message}");
+    assert!(message.contains("spec.username") && message.contains("immutable"), "{message}");
+    // Growing storage and a minor version change are fine.
+    let patch = serde_json::json!({"spec": {"storageSize": "3Gi", "version": "16.5"}});
+    let updated = api.patch("grow", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    assert_eq!(updated.spec.storage_size, "3Gi");
+    // The default image follows the version (it was filled by the mutating webhook).
+    assert_eq!(updated.spec.image.as_deref(), Some("postgres:16.5"));
+}
+
+#[tokio::test]
+async fn created_objects_get_defaults_and_the_finalizer() {
+    let Some(kubeconfig) = cluster_or_skip("created_objects_get_defaults_and_the_finalizer") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "defaults").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let created = api.create(&PostParams::default(), &sample_database("defaulted")).await.unwrap();
+    assert_eq!(created.spec.replicas, Some(1));
+    assert_eq!(created.spec.deletion_policy, Some(DeletionPolicy::Retain));
+    assert_eq!(created.spec.image.as_deref(), Some("postgres:16.4"));
+    assert!(created.metadata.finalizers.unwrap_or_default().contains(&FINALIZER.to_string()));
+}
+
+#[tokio::test]
+async fn a_dry_run_create_returns_the_defaulted_object_without_storing_it() {
+    let Some(kubeconfig) = cluster_or_skip("a_dry_run_create_returns_the_defaulted_object_without_storing_it") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "dryrun").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let parameters = PostParams { dry_run: true, ..Default::default() };
+    let returned = api.create(&parameters, &sample_database("dry")).await.unwrap();
+    assert_eq!(returned.spec.replicas, Some(1));
+    assert_eq!(returned.spec.image.as_deref(), Some("postgres:16.4"));
+    assert!(returned.metadata.finalizers.unwrap_or_default().contains(&FINALIZER.to_string()));
+    assert!(api.get_opt("dry").await.unwrap().is_none(), "a dry run must not store the object");
+    // And a dry run of a bad object is denied like a real one.
+    let mut bad = sample_database("dry-bad");
+    bad.spec.version = "v16".into();
+    let message = rejection_message(api.create(&parameters, &bad).await.unwrap_err());
+    assert!(message.contains(r#"spec.version: Invalid value: "v16""#), "{message}");
+}

@@ -1,0 +1,139 @@
+//! Table-driven tests of `mutation::default_patch`: the cases live in
+//! `tests/fixtures/mutation/*.yaml` (one case or a list of cases per file).
+//!
+//! Besides the exact expected patch, every case checks idempotency: the apiserver may call a
+//! mutating webhook again on its own output (reinvocationPolicy), and a second pass must add nothing.
+
+use dbservice_operator::api::DatabaseService;
+use dbservice_operator::mutation::default_patch;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    description: String,
+    object: DatabaseService,
+    #[serde(default)]
+    old: Option<DatabaseService>,
+    /// The exact JSONPatch operations; an empty list means `default_patch` returns None.
+    patch: Vec<Value>,
+}
+
+fn load_cases() -> Vec<(String, Case)> {
+    let directory = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mutation");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(directory)
+        .expect("tests/fixtures/mutation exists")
+        .map(|entry| entry.expect("directory entry is readable").path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "yaml"))
+        .collect();
+    files.sort();
+    let mut cases = Vec::new();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|error| panic!("{name}: {error}"));
+        let document: serde_yaml::Value =
+            serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
+        let items = match document {
+            serde_yaml::Value::Sequence(items) => items,
+            single => vec![single],
+        };
+        assert!(!items.is_empty(), "{name} holds no case");
+        for (index, item) in items.into_iter().enumerate() {
+            let case: Case = serde_yaml::from_value(item)
+                .unwrap_or_else(|error| panic!("{name} case #{index}: not a mutation case: {error}"));
+            cases.push((format!("{name} #{index}"), case));
+        }
+    }
+    cases
+}
+
+/// The operations of a patch as plain JSON, for comparison with the fixture.
+fn operations(patch: &json_patch::Patch) -> Vec<Value> {
+    match serde_json::to_value(patch).expect("patches serialize") {
+        Value::Array(operations) => operations,
+        other => panic!("a JSONPatch serializes to an array, got {other}"),
+    }
+}
+
+fn check(case: &Case) -> Option<String> {
+    let patch = default_patch(&case.object, case.old.as_ref());
+    let actual = patch.as_ref().map(operations).unwrap_or_default();
+    if actual != case.patch {
+        return Some(format!(
+            "patch differs\n  expected: {}\n  actual:   {}",
+            serde_json::to_string_pretty(&case.patch).unwrap(),
+            serde_json::to_string_pretty(&actual).unwrap()
+        ));
+    }
+    let Some(patch) = patch else { return None };
+    if patch.0.is_empty() {
+        return Some("Some(empty patch) returned: an empty patch must be None".into());
+    }
+    // Apply the patch as the apiserver would, then mutate again: nothing more may be added.
+    let mut document = serde_json::to_value(&case.object).expect("the object serializes");
+    if let Err(error) = json_patch::patch(&mut document, &patch) {
+        return Some(format!("the patch does not apply to the object: {error}"));
+    }
+    let patched: DatabaseService = match serde_json::from_value(document) {
+        Ok(patched) => patched,
+        Err(error) => return Some(format!("the patched object is no longer a DatabaseService: {error}")),
+    };
+    default_patch(&patched, case.old.as_ref()).map(|second| {
+        format!("not idempotent: a second pass over the patched object gives {}", serde_json::to_string(&second).unwrap())
+    })
+}
+
+#[test]
+fn every_mutation_fixture_gives_its_expected_patch_and_is_idempotent() {
+    let cases = load_cases();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(location, case)| {
+            check(case).map(|problem| format!("FAILED [{location}] {}\n{problem}", case.description))
+        })
+        .collect();
+    for failure in &failures {
+        eprintln!("{failure}\n");
+    }
+    assert!(failures.is_empty(), "{} of {} mutation cases failed:\n\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn mutation_fixture_descriptions_are_unique() {
+    let mut seen = std::collections::HashSet::new();
+    for (location, case) in load_cases() {
+        assert!(seen.insert(case.description.clone()), "[{location}] duplicate description {:?}", case.description);
+    }
+}
+
+/// The patched object carries exactly the defaults the rest of the operator assumes.
+#[test]
+fn patched_minimal_object_has_every_default() {
+    let object: DatabaseService = serde_yaml::from_str(
+        r#"
+apiVersion: dbservice.dev/v1
+kind: DatabaseService
+metadata: {name: orders, namespace: shop, finalizers: [example.com/backup]}
+spec: {version: "18.1", storageSize: 10Gi, databaseName: app, username: app_user}
+"#,
+    )
+    .unwrap();
+    let patch = default_patch(&object, None).expect("a minimal object needs defaults");
+    let mut document = serde_json::to_value(&object).unwrap();
+    json_patch::patch(&mut document, &patch).unwrap();
+    let patched: DatabaseService = serde_json::from_value(document).unwrap();
+    assert_eq!(patched.spec.replicas, Some(1));
+    assert_eq!(patched.spec.deletion_policy, Some(dbservice_operator::api::DeletionPolicy::Retain));
+    assert_eq!(patched.spec.image.as_deref(), Some("postgres:18.1"));
+    assert_eq!(
+        patched.metadata.finalizers,
+        Some(vec!["example.com/backup".to_string(), dbservice_operator::api::FINALIZER.to_string()])
+    );
+    // The rest of the spec is untouched.
+    assert_eq!(
+        (patched.spec.version.as_str(), patched.spec.storage_size.as_str(), patched.spec.username.as_str()),
+        ("18.1", "10Gi", "app_user")
+    );
+}
