@@ -17,7 +17,7 @@ help: ## list targets
 build: ## cargo build
 	$(CARGO) build
 
-cluster-build: ## build the control-plane binaries into ~/.cache/dbservice-operator (once; cold kubernetes build takes ~30 min)
+cluster-build: ## build the control-plane binaries into ~/.cache/dbservice-operator (once; cold Kubernetes build ~12 min here)
 	tests/cluster/build.sh all
 
 cluster-up: cluster-build ## start the local control plane (no-op when already running); kubeconfig at .cluster/kubeconfig

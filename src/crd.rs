@@ -2,7 +2,6 @@
 //! that keep the API safe when the admission webhooks are not installed (defence in depth).
 
 use crate::api::{DatabaseService, DEFAULT_REPLICAS};
-use crate::validation::VERSION_PATTERN;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use serde_json::{json, Value};
@@ -14,10 +13,11 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
     let properties = &mut spec_schema["properties"];
     properties["replicas"]["default"] = json!(DEFAULT_REPLICAS);
     properties["deletionPolicy"]["default"] = json!("Retain");
-    properties["version"]["pattern"] = json!(VERSION_PATTERN);
-    properties["storageSize"]["pattern"] = json!(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[kMGTPE])?$");
+    // No schema pattern on version or storageSize: schema errors come before the validating
+    // webhook and would hide its clearer messages. Length caps keep the CEL cost estimate low.
+    properties["version"]["maxLength"] = json!(16);
+    properties["storageSize"]["maxLength"] = json!(32);
     for field in ["databaseName", "username"] {
-        properties[field]["pattern"] = json!("^[a-z_][a-z0-9_]*$");
         properties[field]["x-kubernetes-validations"] =
             json!([{"rule": "self == oldSelf", "message": "field is immutable"}]);
     }

@@ -26,7 +26,11 @@ fn chart_crd_spec_is_generated_from_the_rust_types() {
                 format!("line {}: chart has {chart_line:?}, generated is {generated_line:?}", index + 1)
             })
             .unwrap_or_else(|| {
-                format!("lengths differ: chart {} lines, generated {} lines", in_chart.lines().count(), generated.lines().count())
+                format!(
+                    "lengths differ: chart {} lines, generated {} lines",
+                    in_chart.lines().count(),
+                    generated.lines().count()
+                )
             });
         panic!("{CHART_CRD_SPEC} is out of date with src/api.rs and src/crd.rs ({first_difference}); regenerate it with `{REGENERATE}` (or `make crd`)");
     }

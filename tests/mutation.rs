@@ -81,7 +81,10 @@ fn check(case: &Case) -> Option<String> {
         Err(error) => return Some(format!("the patched object is no longer a DatabaseService: {error}")),
     };
     default_patch(&patched, case.old.as_ref()).map(|second| {
-        format!("not idempotent: a second pass over the patched object gives {}", serde_json::to_string(&second).unwrap())
+        format!(
+            "not idempotent: a second pass over the patched object gives {}",
+            serde_json::to_string(&second).unwrap()
+        )
     })
 }
 
@@ -97,7 +100,13 @@ fn every_mutation_fixture_gives_its_expected_patch_and_is_idempotent() {
     for failure in &failures {
         eprintln!("{failure}\n");
     }
-    assert!(failures.is_empty(), "{} of {} mutation cases failed:\n\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} mutation cases failed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]

@@ -102,7 +102,13 @@ fn every_validation_fixture_gives_its_expected_errors_and_warnings() {
     for failure in &failures {
         eprintln!("{failure}\n");
     }
-    assert!(failures.is_empty(), "{} of {} validation cases failed:\n\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} validation cases failed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
 }
 
 /// Guards the table itself: a duplicated description makes a failure report ambiguous.

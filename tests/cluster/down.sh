@@ -42,6 +42,12 @@ stop() {
   rm -f "$file"
 }
 
+# Same lock as up.sh (which sets DBSERVICE_CLUSTER_LOCKED when it calls us while holding it).
+if [ -d "$CLUSTER_DIR" ] && [ -z "${DBSERVICE_CLUSTER_LOCKED:-}" ]; then
+  exec 9>"$CLUSTER_DIR/lock"
+  flock -w 600 9 || { log "another up.sh/down.sh holds $CLUSTER_DIR/lock"; exit 1; }
+fi
+
 if [ -d "$PIDS" ]; then
   # Clients first, etcd last, so nothing logs a storm of connection errors while shutting down.
   for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done

@@ -9,10 +9,11 @@
 #   .cluster/pids/*.pid      one pid per process started here; down.sh kills exactly these
 #   .cluster/logs/*.log      one log per process (kept after down.sh, overwritten by the next up)
 #   .cluster/run/            this run's data: etcd data dir, certificates, component kubeconfigs
+#   .cluster/lock            flock held by up.sh/down.sh while they work
 #
 # Idempotent: a healthy running cluster is left alone; leftovers of a crashed one are cleaned first.
 # Environment: DBSERVICE_CLUSTER_DIR (default <repo>/.cluster), DBSERVICE_KWOK_NODES (default 2),
-# DBSERVICE_START_TIMEOUT (seconds per component, default 120).
+# DBSERVICE_START_TIMEOUT (seconds per component, default 120), DBSERVICE_CACHE (see versions.sh).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -97,7 +98,8 @@ start() {
   local name="$1"; shift
   rm -f "$PIDS/$name.pid"
   # shellcheck disable=SC2016 # $$ and $@ are for the inner shell
-  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$PIDS/$name.pid" "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  # 9>&-: the daemon must not inherit the lock file descriptor (it would hold the lock forever).
+  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$PIDS/$name.pid" "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   local _
   for _ in $(seq 50); do [ -s "$PIDS/$name.pid" ] && return 0; sleep 0.1; done
   fail "$name" "did not start"
@@ -328,16 +330,28 @@ nodes_ready() {
   [ "$ready" -ge "$NODES" ]
 }
 
-# The whole cluster as recorded in .cluster is up and serving.
-cluster_healthy() {
+# The cluster recorded in .cluster is running: all five processes alive and the apiserver ready. A busy
+# machine can make one probe slow, so readiness gets 20 s before the cluster counts as broken (and is
+# restarted, which would pull it from under anyone using it).
+cluster_running() {
   [ -s "$CLUSTER_DIR/state.env" ] && [ -s "$KUBECONFIG_FILE" ] && [ -s "$PKI/ca.crt" ] || return 1
   # shellcheck source=/dev/null
   . "$CLUSTER_DIR/state.env"
-  local name
+  local name deadline=$((SECONDS + 20))
   for name in etcd kube-apiserver kube-controller-manager kube-scheduler kwok; do
     pid_of "$name" >/dev/null || return 1
   done
-  apiserver_ready && nodes_ready
+  until apiserver_ready; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 1
+  done
+}
+
+# Cluster-level objects up.sh provides; re-applied (idempotent) if a test removed nodes, for instance.
+apply_objects() {
+  kubectl apply -f "$here/manifests/storageclasses.yaml" >/dev/null
+  create_nodes
+  wait_for kwok "$NODES nodes Ready" nodes_ready
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -500,11 +514,20 @@ EOF
 main() {
   require_binaries
   mkdir -p "$CLUSTER_DIR" "$PIDS" "$LOGS"
+  # One up/down at a time per .cluster (two `make test` started together must not start two clusters);
+  # the second one waits, then finds the cluster running. down.sh, called from here, knows we hold it.
+  exec 9>"$CLUSTER_DIR/lock"
+  flock -w 600 9 || die "another up.sh/down.sh holds $CLUSTER_DIR/lock"
+  export DBSERVICE_CLUSTER_LOCKED=1
   link_binaries
 
-  if cluster_healthy; then
-    log "already running and healthy (https://127.0.0.1:$APISERVER_PORT); nothing to do"
-    log "export KUBECONFIG=$KUBECONFIG_FILE"
+  if cluster_running; then
+    if ! nodes_ready >/dev/null 2>&1; then
+      log "running, but fewer than $NODES Ready kwok nodes: re-applying nodes and StorageClasses"
+      apply_objects
+    fi
+    log "already running (https://127.0.0.1:$APISERVER_PORT); nothing to do"
+    log "export KUBECONFIG=$KUBECONFIG_FILE PATH=$BIN:\$PATH"
     return 0
   fi
   # Leftovers from a crash or an interrupted run: stop whatever of ours still runs, drop old data.
@@ -527,9 +550,7 @@ main() {
   bring_up kwok launch_kwok KWOK_PORT "/healthz" kwok_healthy
 
   log "applying StorageClasses and $NODES kwok nodes"
-  kubectl apply -f "$here/manifests/storageclasses.yaml" >/dev/null
-  create_nodes
-  wait_for kwok "$NODES nodes Ready" nodes_ready
+  apply_objects
   wait_for kube-controller-manager "ServiceAccount default/default" kubectl -n default get serviceaccount default
   pvc_smoke_test
 

@@ -3,7 +3,8 @@
 //! the rights it needs, and the operator manages its own certificates in self-managed mode.
 
 use crate::support::operator::{
-    free_port, helm, log_directory, service_account_kubeconfig_for, shared, OperatorOptions, OperatorProcess, RELEASE_NAMESPACE, SERVICE_ACCOUNT,
+    free_port, helm, log_directory, service_account_kubeconfig_for, shared, OperatorOptions, OperatorProcess,
+    RELEASE_NAMESPACE, SERVICE_ACCOUNT,
 };
 use crate::support::{client_for, cluster_or_skip, eventually, kubectl, repository, tool, TestNamespace};
 use dbservice_operator::certificates::bundle_trusts;
@@ -44,7 +45,11 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["create", "leases.coordination.k8s.io", "-n", RELEASE_NAMESPACE],
     ];
     for arguments in allowed {
-        assert!(can_i(SERVICE_ACCOUNT, RELEASE_NAMESPACE, arguments), "the operator needs: kubectl auth can-i {}", arguments.join(" "));
+        assert!(
+            can_i(SERVICE_ACCOUNT, RELEASE_NAMESPACE, arguments),
+            "the operator needs: kubectl auth can-i {}",
+            arguments.join(" ")
+        );
     }
     let denied: &[&[&str]] = &[
         &["*", "*"],
@@ -58,7 +63,11 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"],
     ];
     for arguments in denied {
-        assert!(!can_i(SERVICE_ACCOUNT, RELEASE_NAMESPACE, arguments), "excessive right: kubectl auth can-i {}", arguments.join(" "));
+        assert!(
+            !can_i(SERVICE_ACCOUNT, RELEASE_NAMESPACE, arguments),
+            "excessive right: kubectl auth can-i {}",
+            arguments.join(" ")
+        );
     }
 }
 
@@ -68,7 +77,16 @@ async fn the_url_mode_release_created_its_objects() {
     shared();
     let client = client_for(&kubeconfig).await;
     let manifest = helm(&["get", "manifest", "dbservice-operator", "-n", RELEASE_NAMESPACE]);
-    for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "CustomResourceDefinition"] {
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "CustomResourceDefinition",
+    ] {
         assert!(manifest.contains(&format!("kind: {kind}")), "release lacks a {kind}");
     }
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -87,20 +105,44 @@ async fn the_url_mode_release_created_its_objects() {
 
 #[tokio::test]
 async fn every_certificate_mode_renders_objects_the_apiserver_accepts() {
-    let Some(kubeconfig) = cluster_or_skip("every_certificate_mode_renders_objects_the_apiserver_accepts") else { return };
+    let Some(kubeconfig) = cluster_or_skip("every_certificate_mode_renders_objects_the_apiserver_accepts") else {
+        return;
+    };
     shared();
     let chart = repository().join("charts/dbservice-operator");
     for mode in ["self-managed", "secret", "cert-manager", "url"] {
         let values = chart.join(format!("ci/{mode}-values.yaml"));
-        let rendered = helm(&["template", "dryrun", chart.to_str().unwrap(), "--namespace", "dryrun-system", "-f", values.to_str().unwrap()]);
-        // cert-manager's own kinds need cert-manager's CRDs, which this cluster does not have.
+        let rendered = helm(&[
+            "template",
+            "dryrun",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "dryrun-system",
+            "-f",
+            values.to_str().unwrap(),
+        ]);
+        // cert-manager's and the Prometheus operator's kinds need their CRDs, which this cluster does not have.
         let documents: Vec<&str> = rendered
             .split("\n---")
-            .filter(|document| !document.contains("apiVersion: cert-manager.io/") && document.contains("kind:"))
+            .filter(|document| {
+                !document.contains("apiVersion: cert-manager.io/")
+                    && !document.contains("apiVersion: monitoring.coreos.com/")
+                    && document.contains("kind:")
+            })
             .collect();
         let manifest = documents.join("\n---\n");
         let mut child = Command::new(tool("kubectl"))
-            .args(["apply", "--dry-run=server", "--server-side", "--field-manager=dryrun", "--force-conflicts", "-n", "dryrun-system", "-f", "-"])
+            .args([
+                "apply",
+                "--dry-run=server",
+                "--server-side",
+                "--field-manager=dryrun",
+                "--force-conflicts",
+                "-n",
+                "dryrun-system",
+                "-f",
+                "-",
+            ])
             .env("KUBECONFIG", &kubeconfig)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -112,14 +154,25 @@ async fn every_certificate_mode_renders_objects_the_apiserver_accepts() {
         let output = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         // The namespace itself does not exist; everything else must be accepted.
-        let real_errors: Vec<&str> = stderr.lines().filter(|line| !line.contains("namespaces \"dryrun-system\" not found") && !line.trim().is_empty()).collect();
-        assert!(real_errors.is_empty(), "mode {mode}: the apiserver rejected rendered objects:\n{}", real_errors.join("\n"));
+        let real_errors: Vec<&str> = stderr
+            .lines()
+            .filter(|line| !line.contains("namespaces \"dryrun-system\" not found") && !line.trim().is_empty())
+            .collect();
+        assert!(
+            real_errors.is_empty(),
+            "mode {mode}: the apiserver rejected rendered objects:\n{}",
+            real_errors.join("\n")
+        );
     }
 }
 
 #[tokio::test]
 async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bundle() {
-    let Some(kubeconfig) = cluster_or_skip("self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bundle") else { return };
+    let Some(kubeconfig) =
+        cluster_or_skip("self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bundle")
+    else {
+        return;
+    };
     let environment = shared();
     let client = client_for(&kubeconfig).await;
     let chart = repository().join("charts/dbservice-operator");
@@ -128,17 +181,49 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     let release = "selfmanaged-dbservice-operator";
     // failurePolicy Ignore: the Service points at kwok pods that run nothing, and other tests share the cluster.
     helm(&[
-        "install", release, chart.to_str().unwrap(), "--namespace", &ns, "--set", "crds.enabled=false",
-        "--set", "webhook.failurePolicy=Ignore", "--set", "certificates.mode=self-managed", "--wait", "--timeout", "120s",
+        "install",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--set",
+        "crds.enabled=false",
+        "--set",
+        "webhook.failurePolicy=Ignore",
+        "--set",
+        "certificates.mode=self-managed",
+        "--wait",
+        "--timeout",
+        "120s",
     ]);
-    let installed = kubectl(&["get", "deployment,service,serviceaccount,poddisruptionbudget,role,rolebinding", "-n", &ns, "-o", "name"]);
-    for object in [format!("deployment.apps/{release}"), format!("service/{release}-webhook"), format!("serviceaccount/{release}"), format!("poddisruptionbudget.policy/{release}")] {
+    let installed = kubectl(&[
+        "get",
+        "deployment,service,serviceaccount,poddisruptionbudget,role,rolebinding",
+        "-n",
+        &ns,
+        "-o",
+        "name",
+    ]);
+    for object in [
+        format!("deployment.apps/{release}"),
+        format!("service/{release}-webhook"),
+        format!("serviceaccount/{release}"),
+        format!("poddisruptionbudget.policy/{release}"),
+    ] {
         assert!(installed.contains(&object), "missing {object} in:\n{installed}");
     }
     let ready = kubectl(&["get", "deployment", release, "-n", &ns, "-o", "jsonpath={.status.readyReplicas}"]);
     assert_eq!(ready.trim(), "2", "both operator pods run (kwok)");
-    assert!(can_i(release, &ns, &["patch", &format!("validatingwebhookconfigurations.admissionregistration.k8s.io/{release}")]));
-    assert!(!can_i(release, &ns, &["patch", "validatingwebhookconfigurations.admissionregistration.k8s.io/dbservice-operator"]));
+    assert!(can_i(
+        release,
+        &ns,
+        &["patch", &format!("validatingwebhookconfigurations.admissionregistration.k8s.io/{release}")]
+    ));
+    assert!(!can_i(
+        release,
+        &ns,
+        &["patch", "validatingwebhookconfigurations.admissionregistration.k8s.io/dbservice-operator"]
+    ));
 
     // The operator, with this release's ServiceAccount, creates the Secret and patches the caBundle.
     let work = log_directory().join(format!("chart-{}", std::process::id()));
@@ -152,9 +237,17 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
         selector: "dbservice.dev/e2e-isolated=nothing".into(),
         lease_name: format!("{release}-leader"),
         extra_arguments: [
-            "--manage-certificates", "--certificate-check-seconds", "1",
-            "--certificate-secret", &format!("{release}-webhook-tls"), "--webhook-service", &format!("{release}-webhook"),
-            "--validating-webhook-configuration", release, "--mutating-webhook-configuration", release,
+            "--manage-certificates",
+            "--certificate-check-seconds",
+            "1",
+            "--certificate-secret",
+            &format!("{release}-webhook-tls"),
+            "--webhook-service",
+            &format!("{release}-webhook"),
+            "--validating-webhook-configuration",
+            release,
+            "--mutating-webhook-configuration",
+            release,
         ]
         .iter()
         .map(|argument| argument.to_string())
@@ -164,7 +257,10 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     std::fs::create_dir_all(&tls).unwrap();
     let operator = OperatorProcess::start_with_certificate_paths(&options, &token, &tls, free_port());
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let secret = eventually("the certificate Secret", Duration::from_secs(30), || async { secrets.get_opt(&format!("{release}-webhook-tls")).await.ok()? }).await;
+    let secret = eventually("the certificate Secret", Duration::from_secs(30), || async {
+        secrets.get_opt(&format!("{release}-webhook-tls")).await.ok()?
+    })
+    .await;
     let data = secret.data.unwrap();
     let ca = data["ca.crt"].0.clone();
     let served = std::fs::read(tls.join("tls.crt")).unwrap();
@@ -172,9 +268,16 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     assert_eq!(served, data["tls.crt"].0, "the served certificate is the one in the Secret");
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let bundle_of_validating = || async { validating.get(release).await.ok()?.webhooks?.first()?.client_config.ca_bundle.clone() };
-    let bundle = eventually("the validating caBundle patched", Duration::from_secs(30), || async { bundle_of_validating().await }).await;
-    assert!(bundle_trusts(&bundle.0, &served) && !bundle.0.windows(served.len()).any(|window| window == served), "caBundle holds the CA, not the leaf");
+    let bundle_of_validating =
+        || async { validating.get(release).await.ok()?.webhooks?.first()?.client_config.ca_bundle.clone() };
+    let bundle = eventually("the validating caBundle patched", Duration::from_secs(30), || async {
+        bundle_of_validating().await
+    })
+    .await;
+    assert!(
+        bundle_trusts(&bundle.0, &served) && !bundle.0.windows(served.len()).any(|window| window == served),
+        "caBundle holds the CA, not the leaf"
+    );
     eventually("the mutating caBundle patched", Duration::from_secs(30), || async {
         let bundle = mutating.get(release).await.ok()?.webhooks?.first()?.client_config.ca_bundle.clone()?;
         bundle_trusts(&bundle.0, &served).then_some(())
@@ -190,29 +293,65 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     })
     .await;
     let metrics = operator.metrics().unwrap();
-    assert!(crate::support::operator::metric_sum(&metrics, "dbservice_certificate_expiry_seconds", &[]) > 86400.0 * 300.0, "expiry metric:\n{metrics}");
+    assert!(
+        crate::support::operator::metric_sum(&metrics, "dbservice_certificate_expiry_seconds", &[]) > 86400.0 * 300.0,
+        "expiry metric:\n{metrics}"
+    );
     drop(operator);
     helm(&["uninstall", release, "--namespace", &ns, "--wait"]);
 
     // User-provided Secret mode: the given caBundle lands in the webhook configurations.
     let release = "usersecret-dbservice-operator";
-    let bundle = dbservice_operator::certificates::generate_bundle(&[format!("{release}-webhook.{ns}.svc")], &[]).unwrap();
+    let bundle =
+        dbservice_operator::certificates::generate_bundle(&[format!("{release}-webhook.{ns}.svc")], &[]).unwrap();
     let directory = work.join("user-certs");
     dbservice_operator::certificates::write_bundle(&bundle, &directory).unwrap();
     kubectl(&[
-        "create", "secret", "tls", "user-webhook-tls", "-n", &ns,
-        "--cert", directory.join("tls.crt").to_str().unwrap(), "--key", directory.join("tls.key").to_str().unwrap(),
+        "create",
+        "secret",
+        "tls",
+        "user-webhook-tls",
+        "-n",
+        &ns,
+        "--cert",
+        directory.join("tls.crt").to_str().unwrap(),
+        "--key",
+        directory.join("tls.key").to_str().unwrap(),
     ]);
     use base64::Engine;
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&bundle.ca_certificate);
     helm(&[
-        "install", release, chart.to_str().unwrap(), "--namespace", &ns, "--set", "crds.enabled=false", "--set", "webhook.failurePolicy=Ignore",
-        "--set", "certificates.mode=secret", "--set", "certificates.secret.name=user-webhook-tls",
-        "--set", &format!("certificates.secret.caBundle={ca_bundle}"), "--wait", "--timeout", "120s",
+        "install",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        &ns,
+        "--set",
+        "crds.enabled=false",
+        "--set",
+        "webhook.failurePolicy=Ignore",
+        "--set",
+        "certificates.mode=secret",
+        "--set",
+        "certificates.secret.name=user-webhook-tls",
+        "--set",
+        &format!("certificates.secret.caBundle={ca_bundle}"),
+        "--wait",
+        "--timeout",
+        "120s",
     ]);
-    let configured = validating.get(release).await.unwrap().webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
+    let configured =
+        validating.get(release).await.unwrap().webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
     assert_eq!(configured.0, bundle.ca_certificate.as_bytes());
-    let mounted = kubectl(&["get", "deployment", release, "-n", &ns, "-o", "jsonpath={.spec.template.spec.volumes[*].secret.secretName}"]);
+    let mounted = kubectl(&[
+        "get",
+        "deployment",
+        release,
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.spec.template.spec.volumes[*].secret.secretName}",
+    ]);
     assert!(mounted.contains("user-webhook-tls"), "the user's Secret is mounted: {mounted}");
     helm(&["uninstall", release, "--namespace", &ns, "--wait"]);
 }

@@ -15,7 +15,12 @@ use std::time::Duration;
 /// Image that the kwok stages of tests/cluster/stages make crash-loop.
 pub const CRASHING_IMAGE_REPOSITORY: &str = "dbservice.test/crashloop";
 
-pub async fn wait_for_phase(api: &Api<DatabaseService>, name: &str, phase: Phase, timeout: Duration) -> DatabaseService {
+pub async fn wait_for_phase(
+    api: &Api<DatabaseService>,
+    name: &str,
+    phase: Phase,
+    timeout: Duration,
+) -> DatabaseService {
     eventually(&format!("{name} in phase {phase}"), timeout, || async {
         let database = api.get(name).await.ok()?;
         (database.status.as_ref()?.phase == Some(phase)).then_some(database)
@@ -23,7 +28,10 @@ pub async fn wait_for_phase(api: &Api<DatabaseService>, name: &str, phase: Phase
     .await
 }
 
-pub fn condition<'a>(database: &'a DatabaseService, kind: &str) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+pub fn condition<'a>(
+    database: &'a DatabaseService,
+    kind: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     database.status.as_ref()?.conditions.iter().find(|condition| condition.type_ == kind)
 }
 
@@ -77,7 +85,12 @@ async fn children_are_created_and_the_database_becomes_ready() {
     assert_eq!(status.last_stable_version.as_deref(), Some("16.4"));
     assert_eq!(status.observed_generation, ready.metadata.generation);
     for kind in ["Ready", "StorageReady", "CredentialsReady"] {
-        assert_eq!(condition(&ready, kind).map(|condition| condition.status.as_str()), Some("True"), "{kind} in {:?}", status.conditions);
+        assert_eq!(
+            condition(&ready, kind).map(|condition| condition.status.as_str()),
+            Some("True"),
+            "{kind} in {:?}",
+            status.conditions
+        );
     }
 
     let secret: Secret = Api::namespaced(client.clone(), ns).get("orders-credentials").await.unwrap();
@@ -106,8 +119,11 @@ async fn children_are_created_and_the_database_becomes_ready() {
     let owned = eventually("PVCs owned by the DatabaseService", Duration::from_secs(30), || async {
         let list = claims.list(&ListParams::default().labels("app.kubernetes.io/instance=orders")).await.ok()?;
         let uid = ready.metadata.uid.clone()?;
-        (list.items.len() == 2 && list.items.iter().all(|claim| claim.metadata.owner_references.clone().unwrap_or_default().iter().any(|reference| reference.uid == uid)))
-            .then_some(list.items.len())
+        (list.items.len() == 2
+            && list.items.iter().all(|claim| {
+                claim.metadata.owner_references.clone().unwrap_or_default().iter().any(|reference| reference.uid == uid)
+            }))
+        .then_some(list.items.len())
     })
     .await;
     assert_eq!(owned, 2);
@@ -126,13 +142,21 @@ async fn children_are_created_and_the_database_becomes_ready() {
         .unwrap();
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(printed.contains("phase: Running") && printed.contains("Created") && printed.contains("ACTION"), "{printed}");
-    assert!(!printed.contains(&String::from_utf8_lossy(&data["password"].0).to_string()), "the ledger must never show the password");
+    assert!(
+        printed.contains("phase: Running") && printed.contains("Created") && printed.contains("ACTION"),
+        "{printed}"
+    );
+    assert!(
+        !printed.contains(&String::from_utf8_lossy(&data["password"].0).to_string()),
+        "the ledger must never show the password"
+    );
 }
 
 #[tokio::test]
 async fn deleted_children_are_recreated_and_a_lost_secret_is_reported() {
-    let Some(kubeconfig) = cluster_or_skip("deleted_children_are_recreated_and_a_lost_secret_is_reported") else { return };
+    let Some(kubeconfig) = cluster_or_skip("deleted_children_are_recreated_and_a_lost_secret_is_reported") else {
+        return;
+    };
     shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "recreate").await;
@@ -153,7 +177,10 @@ async fn deleted_children_are_recreated_and_a_lost_secret_is_reported() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let old_password = secrets.get("heal-credentials").await.unwrap().data.unwrap()["password"].clone();
     secrets.delete("heal-credentials", &DeleteParams::default()).await.unwrap();
-    let recreated = eventually("the credentials recreated", Duration::from_secs(60), || async { secrets.get_opt("heal-credentials").await.ok()? }).await;
+    let recreated = eventually("the credentials recreated", Duration::from_secs(60), || async {
+        secrets.get_opt("heal-credentials").await.ok()?
+    })
+    .await;
     assert_ne!(recreated.data.unwrap()["password"], old_password, "a new password is generated");
     let reported = eventually("CredentialsReady=False", Duration::from_secs(60), || async {
         let database = api.get("heal").await.ok()?;
@@ -188,7 +215,10 @@ async fn hand_edited_image_and_replicas_are_restored() {
     .await;
     wait_for_event(&client, ns, "steady", "DriftCorrected").await;
     let entries = ledger_entries(&client, ns, "steady").await;
-    assert!(entries.iter().any(|entry| entry.action == "DriftCorrected" && entry.to.contains("StatefulSet/steady")), "{entries:?}");
+    assert!(
+        entries.iter().any(|entry| entry.action == "DriftCorrected" && entry.to.contains("StatefulSet/steady")),
+        "{entries:?}"
+    );
 }
 
 #[tokio::test]
@@ -204,14 +234,22 @@ async fn crashing_pods_get_restarts_with_growing_backoff() {
     api.create(&PostParams::default(), &database).await.unwrap();
     // Backoff starts at 10 s and doubles: restarts at t, t+20 s, t+60 s...
     let restarts = eventually("three restarts in the ledger", Duration::from_secs(150), || async {
-        let restarts: Vec<LedgerEntry> = ledger_entries(&client, ns, "flaky").await.into_iter().filter(|entry| entry.action == "Restarted").collect();
+        let restarts: Vec<LedgerEntry> = ledger_entries(&client, ns, "flaky")
+            .await
+            .into_iter()
+            .filter(|entry| entry.action == "Restarted")
+            .collect();
         (restarts.len() >= 3).then_some(restarts)
     })
     .await;
-    let times: Vec<i64> = restarts.iter().map(|entry| chrono::DateTime::parse_from_rfc3339(&entry.time).unwrap().timestamp()).collect();
+    let times: Vec<i64> =
+        restarts.iter().map(|entry| chrono::DateTime::parse_from_rfc3339(&entry.time).unwrap().timestamp()).collect();
     let (first_gap, second_gap) = (times[1] - times[0], times[2] - times[1]);
     assert!(first_gap >= 19, "second restart after {first_gap}s, expected at least the 20 s backoff");
-    assert!(second_gap >= 39 && second_gap > first_gap, "third restart after {second_gap}s, expected at least 40 s and a growing backoff");
+    assert!(
+        second_gap >= 39 && second_gap > first_gap,
+        "third restart after {second_gap}s, expected at least 40 s and a growing backoff"
+    );
     let stateful_set: StatefulSet = Api::namespaced(client.clone(), ns).get("flaky").await.unwrap();
     let annotations = stateful_set.spec.template.metadata.unwrap().annotations.unwrap_or_default();
     assert!(annotations.contains_key("dbservice.dev/restartedAt"), "restart goes through the pod template annotation");
@@ -243,17 +281,26 @@ async fn a_bad_minor_upgrade_rolls_back_and_leaves_the_spec_alone() {
         let image = stateful_set.spec.template.spec?.containers.first()?.image.clone()?;
         let database = api.get("upgrade").await.ok()?;
         let status = database.status?;
-        (image == "postgres:16.4" && status.phase == Some(Phase::Running) && status.current_version.as_deref() == Some("16.4")).then_some(())
+        (image == "postgres:16.4"
+            && status.phase == Some(Phase::Running)
+            && status.current_version.as_deref() == Some("16.4"))
+        .then_some(())
     })
     .await;
     let entries = ledger_entries(&client, ns, "upgrade").await;
-    assert!(entries.iter().any(|entry| entry.action == "RolledBack" && entry.from == "16.5" && entry.to == "16.4"), "{entries:?}");
+    assert!(
+        entries.iter().any(|entry| entry.action == "RolledBack" && entry.from == "16.5" && entry.to == "16.4"),
+        "{entries:?}"
+    );
     wait_for_event(&client, ns, "upgrade", "RolledBack").await;
 }
 
 async fn delete_and_wait_gone(api: &Api<DatabaseService>, name: &str) {
     api.delete(name, &DeleteParams::default()).await.unwrap();
-    eventually(&format!("{name} gone"), Duration::from_secs(60), || async { api.get_opt(name).await.ok()?.is_none().then_some(()) }).await;
+    eventually(&format!("{name} gone"), Duration::from_secs(60), || async {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -276,9 +323,14 @@ async fn delete_with_retain_keeps_volumes_and_credentials() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     // The StatefulSet is collected (it is owned); PVC and Secret must survive that same collection.
-    eventually("the StatefulSet collected", Duration::from_secs(90), || async { stateful_sets.get_opt("keep").await.ok()?.is_none().then_some(()) }).await;
+    eventually("the StatefulSet collected", Duration::from_secs(90), || async {
+        stateful_sets.get_opt("keep").await.ok()?.is_none().then_some(())
+    })
+    .await;
     let claim = claims.get("data-keep-0").await.expect("the PVC is retained");
-    assert!(claim.metadata.deletion_timestamp.is_none() && claim.metadata.owner_references.unwrap_or_default().is_empty());
+    assert!(
+        claim.metadata.deletion_timestamp.is_none() && claim.metadata.owner_references.unwrap_or_default().is_empty()
+    );
     let secret = secrets.get("keep-credentials").await.expect("the Secret is retained");
     assert!(secret.metadata.owner_references.unwrap_or_default().is_empty());
     let entries = ledger_entries(&client, ns, "keep").await;

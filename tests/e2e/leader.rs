@@ -3,7 +3,9 @@
 
 use crate::controller::wait_for_phase;
 use crate::support::leader::grant_lease_rights;
-use crate::support::operator::{free_port, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL};
+use crate::support::operator::{
+    free_port, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
+};
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
 use dbservice_operator::api::{DatabaseService, Phase};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -30,7 +32,8 @@ fn start(namespace: &str, name: &str, kubeconfig: &Path) -> OperatorProcess {
 async fn wait_for_single_leader(candidates: &[&OperatorProcess], timeout: Duration) -> (usize, Duration) {
     let started = Instant::now();
     let index = eventually("a single leader", timeout, || async {
-        let leaders: Vec<usize> = candidates.iter().enumerate().filter(|(_, process)| process.is_leader()).map(|(index, _)| index).collect();
+        let leaders: Vec<usize> =
+            candidates.iter().enumerate().filter(|(_, process)| process.is_leader()).map(|(index, _)| index).collect();
         (leaders.len() == 1).then(|| leaders[0])
     })
     .await;
@@ -39,13 +42,18 @@ async fn wait_for_single_leader(candidates: &[&OperatorProcess], timeout: Durati
 
 #[tokio::test]
 async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() {
-    let Some(kubeconfig) = cluster_or_skip("only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate") else { return };
+    let Some(kubeconfig) = cluster_or_skip("only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate")
+    else {
+        return;
+    };
     shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "leader").await;
     let ns = namespace.name.clone();
     grant_lease_rights(&ns);
-    let token = service_account_kubeconfig(&crate::support::operator::log_directory().join(format!("leader-{}", std::process::id())));
+    let token = service_account_kubeconfig(
+        &crate::support::operator::log_directory().join(format!("leader-{}", std::process::id())),
+    );
     let first = start(&ns, "alpha", &token);
     let second = start(&ns, "beta", &token);
     let (leader_index, _) = wait_for_single_leader(&[&first, &second], Duration::from_secs(30)).await;
@@ -62,9 +70,14 @@ async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() 
     // SIGKILL: nobody releases the Lease; the follower takes over once it expires.
     leader.signal("KILL");
     let (_, took) = wait_for_single_leader(&[&follower], Duration::from_secs(LEASE_SECONDS * 3)).await;
-    assert!(took <= Duration::from_secs(LEASE_SECONDS + 3), "takeover after SIGKILL took {took:?} (lease {LEASE_SECONDS}s)");
+    assert!(
+        took <= Duration::from_secs(LEASE_SECONDS + 3),
+        "takeover after SIGKILL took {took:?} (lease {LEASE_SECONDS}s)"
+    );
     // The new leader reconciles: a spec change is acted on.
-    api.patch("elected", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}}))).await.unwrap();
+    api.patch("elected", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})))
+        .await
+        .unwrap();
     eventually("the new leader scales to 2 ready instances", Duration::from_secs(90), || async {
         let status = api.get("elected").await.ok()?.status?;
         (status.ready_replicas == 2 && status.phase == Some(Phase::Running)).then_some(())

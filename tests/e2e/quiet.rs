@@ -3,7 +3,9 @@
 //! every object it manages (any write the apiserver accepted would change one).
 
 use crate::controller::wait_for_phase;
-use crate::support::operator::{service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL};
+use crate::support::operator::{
+    service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
+};
 use crate::support::{client_for, cluster_or_skip, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::{DatabaseService, Phase};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -12,8 +14,13 @@ use std::time::Duration;
 
 fn resource_versions(namespace: &str) -> String {
     let mut versions = kubectl(&[
-        "get", "databaseservices,statefulsets,services,configmaps,secrets,persistentvolumeclaims,pods", "-n", namespace,
-        "-o", "custom-columns=KIND:.kind,NAME:.metadata.name,RV:.metadata.resourceVersion", "--no-headers",
+        "get",
+        "databaseservices,statefulsets,services,configmaps,secrets,persistentvolumeclaims,pods",
+        "-n",
+        namespace,
+        "-o",
+        "custom-columns=KIND:.kind,NAME:.metadata.name,RV:.metadata.resourceVersion",
+        "--no-headers",
     ]);
     versions = versions.lines().filter(|line| !line.contains("kube-root-ca.crt")).collect::<Vec<_>>().join("\n");
     versions
@@ -21,7 +28,9 @@ fn resource_versions(namespace: &str) -> String {
 
 #[tokio::test]
 async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
-    let Some(kubeconfig) = cluster_or_skip("a_converged_database_costs_zero_writes_over_a_quiet_minute") else { return };
+    let Some(kubeconfig) = cluster_or_skip("a_converged_database_costs_zero_writes_over_a_quiet_minute") else {
+        return;
+    };
     let environment = shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "quiet").await;
@@ -37,7 +46,12 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
         lease_name: CHART_LEASE.into(),
         extra_arguments: vec![],
     };
-    let operator = OperatorProcess::start(&options, &service_account_kubeconfig(&work), &environment.certificates, crate::support::operator::free_port());
+    let operator = OperatorProcess::start(
+        &options,
+        &service_account_kubeconfig(&work),
+        &environment.certificates,
+        crate::support::operator::free_port(),
+    );
     let api: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
     let mut database = sample_database("calm");
     database.metadata.labels = Some([(ISOLATION_LABEL.to_string(), ns.clone())].into());
@@ -48,13 +62,27 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes_before = operator.writes();
     let versions_before = resource_versions(&ns);
-    assert!(writes_before > 0.0, "the operator reported no writes at all: is the counter wired?\n{}", operator.log_tail());
+    assert!(
+        writes_before > 0.0,
+        "the operator reported no writes at all: is the counter wired?\n{}",
+        operator.log_tail()
+    );
     // An unrelated event: a label on the DatabaseService (metadata only) triggers a reconcile.
-    api.patch("calm", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "payments"}}}))).await.unwrap();
+    api.patch(
+        "calm",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "payments"}}})),
+    )
+    .await
+    .unwrap();
     let versions_after_label = resource_versions(&ns);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let writes_after = operator.writes();
     assert_eq!(writes_after, writes_before, "the operator wrote during a quiet minute; log:\n{}", operator.log_tail());
-    assert_eq!(resource_versions(&ns), versions_after_label, "an object changed during a quiet minute (before the label: {versions_before})");
+    assert_eq!(
+        resource_versions(&ns),
+        versions_after_label,
+        "an object changed during a quiet minute (before the label: {versions_before})"
+    );
     drop(operator);
 }

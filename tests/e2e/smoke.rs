@@ -16,7 +16,13 @@ async fn crd_is_established_and_a_database_service_is_stored() {
     let client = client_for(&kubeconfig).await;
     let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
     let definition = definitions.get("databaseservices.dbservice.dev").await.unwrap();
-    let established = definition.status.unwrap().conditions.unwrap_or_default().iter().any(|condition| condition.type_ == "Established" && condition.status == "True");
+    let established = definition
+        .status
+        .unwrap()
+        .conditions
+        .unwrap_or_default()
+        .iter()
+        .any(|condition| condition.type_ == "Established" && condition.status == "True");
     assert!(established, "CRD not Established");
     let namespace = TestNamespace::create(&client, "smoke").await;
     let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
@@ -48,7 +54,11 @@ async fn a_hand_made_deployment_gets_running_pods_through_kwok() {
             .filter(|pod| {
                 let status = pod.status.clone().unwrap_or_default();
                 status.phase.as_deref() == Some("Running")
-                    && status.conditions.unwrap_or_default().iter().any(|condition| condition.type_ == "Ready" && condition.status == "True")
+                    && status
+                        .conditions
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|condition| condition.type_ == "Ready" && condition.status == "True")
             })
             .count();
         (ready == 2).then_some(())

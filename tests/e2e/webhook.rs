@@ -1,6 +1,8 @@
 //! The real kube-apiserver calls our webhooks through the chart's configurations (URL mode).
 
-use crate::support::{client_for, cluster_or_skip, database_from_yaml, operator::shared, sample_database, TestNamespace};
+use crate::support::{
+    client_for, cluster_or_skip, database_from_yaml, operator::shared, sample_database, TestNamespace,
+};
 use dbservice_operator::api::{DatabaseService, DeletionPolicy, FINALIZER};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
@@ -37,7 +39,9 @@ async fn bad_objects_are_rejected_with_every_field_error() {
 
 #[tokio::test]
 async fn updates_that_shrink_storage_change_major_or_identity_are_rejected() {
-    let Some(kubeconfig) = cluster_or_skip("updates_that_shrink_storage_change_major_or_identity_are_rejected") else { return };
+    let Some(kubeconfig) = cluster_or_skip("updates_that_shrink_storage_change_major_or_identity_are_rejected") else {
+        return;
+    };
     shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "update").await;
@@ -46,7 +50,8 @@ async fn updates_that_shrink_storage_change_major_or_identity_are_rejected() {
     database.spec.storage_size = "2Gi".into();
     api.create(&PostParams::default(), &database).await.unwrap();
     let patch = serde_json::json!({"spec": {"storageSize": "1Gi", "version": "17.2", "username": "someone_else"}});
-    let message = rejection_message(api.patch("grow", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
+    let message =
+        rejection_message(api.patch("grow", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
     assert!(message.contains("spec.storageSize") && message.contains("never shrink"), "{message}");
     assert!(message.contains("major upgrades need pg_upgrade"), "{message}");
     assert!(message.contains("spec.username") && message.contains("immutable"), "{message}");
@@ -74,7 +79,9 @@ async fn created_objects_get_defaults_and_the_finalizer() {
 
 #[tokio::test]
 async fn a_dry_run_create_returns_the_defaulted_object_without_storing_it() {
-    let Some(kubeconfig) = cluster_or_skip("a_dry_run_create_returns_the_defaulted_object_without_storing_it") else { return };
+    let Some(kubeconfig) = cluster_or_skip("a_dry_run_create_returns_the_defaulted_object_without_storing_it") else {
+        return;
+    };
     shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "dryrun").await;

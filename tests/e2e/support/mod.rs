@@ -23,7 +23,8 @@ pub fn repository() -> PathBuf {
 
 /// The admin kubeconfig: $KUBECONFIG, else the local control plane's.
 pub fn admin_kubeconfig() -> Option<PathBuf> {
-    let path = std::env::var_os("KUBECONFIG").map(PathBuf::from).unwrap_or_else(|| repository().join(".cluster/kubeconfig"));
+    let path =
+        std::env::var_os("KUBECONFIG").map(PathBuf::from).unwrap_or_else(|| repository().join(".cluster/kubeconfig"));
     path.exists().then_some(path)
 }
 
@@ -46,7 +47,8 @@ pub fn cluster_or_skip(test: &str) -> Option<PathBuf> {
 pub async fn client_for(kubeconfig: &Path) -> Client {
     dbservice_operator::webhook::tls::install_crypto_provider();
     let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
+    let config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
     Client::try_from(config).expect("client builds")
 }
 
@@ -104,7 +106,10 @@ impl TestNamespace {
         namespaces.create(&PostParams::default(), &namespace).await.expect("namespace created");
         // Service accounts are created by the controller-manager; pods need the default one.
         let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
-        eventually("the default ServiceAccount", Duration::from_secs(30), || async { accounts.get_opt("default").await.ok().flatten() }).await;
+        eventually("the default ServiceAccount", Duration::from_secs(30), || async {
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
         Self { name }
     }
 }

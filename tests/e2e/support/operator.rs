@@ -94,7 +94,12 @@ impl OperatorProcess {
     }
 
     /// Like [`Self::start`]; `certificates` may be empty when the operator manages them.
-    pub fn start_with_certificate_paths(options: &OperatorOptions, kubeconfig: &Path, certificates: &Path, webhook_port: u16) -> Self {
+    pub fn start_with_certificate_paths(
+        options: &OperatorOptions,
+        kubeconfig: &Path,
+        certificates: &Path,
+        webhook_port: u16,
+    ) -> Self {
         let probe_port = free_port();
         let log = log_directory().join(format!("operator-{}.log", options.identity));
         let log_file = std::fs::File::create(&log).unwrap();
@@ -104,12 +109,26 @@ impl OperatorProcess {
             .args(["--probe-listen", &format!("127.0.0.1:{probe_port}")])
             .args(["--tls-cert", certificates.join("tls.crt").to_str().unwrap()])
             .args(["--tls-key", certificates.join("tls.key").to_str().unwrap()])
-            .args(["--namespace", &options.lease_namespace, "--identity", &options.identity, "--lease-name", &options.lease_name])
+            .args([
+                "--namespace",
+                &options.lease_namespace,
+                "--identity",
+                &options.identity,
+                "--lease-name",
+                &options.lease_name,
+            ])
             .args(["--lease-duration-seconds", &options.lease_duration_seconds.to_string()])
             .args(["--watch-namespace", &options.watch_namespace, "--selector", &options.selector])
             // Fast self-healing so the suite runs in minutes, not hours.
             .args(["--progress-deadline-seconds", "25", "--unhealthy-threshold-seconds", "5"])
-            .args(["--restart-backoff-seconds", "10", "--restart-backoff-cap-seconds", "80", "--restore-probe-seconds", "15"])
+            .args([
+                "--restart-backoff-seconds",
+                "10",
+                "--restart-backoff-cap-seconds",
+                "80",
+                "--restore-probe-seconds",
+                "15",
+            ])
             .args(&options.extra_arguments)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,dbservice_operator=debug,kube_runtime=warn")
@@ -121,7 +140,12 @@ impl OperatorProcess {
         process.orphan_guard();
         let deadline = Instant::now() + Duration::from_secs(60);
         while http_get(probe_port, "/readyz").map(|(status, _)| status) != Some(200) {
-            assert!(Instant::now() < deadline, "operator {} not ready in 60 s; log:\n{}", options.identity, process.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "operator {} not ready in 60 s; log:\n{}",
+                options.identity,
+                process.log_tail()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         process
@@ -129,8 +153,17 @@ impl OperatorProcess {
 
     /// Kills the operator when the test binary exits (statics are never dropped).
     fn orphan_guard(&self) {
-        let script = format!("while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null", std::process::id(), self.child.id());
-        let _ = Command::new("sh").args(["-c", &script]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let script = format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
+            std::process::id(),
+            self.child.id()
+        );
+        let _ = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
     }
 
     /// The last lines of the log, for failure messages.
@@ -190,7 +223,9 @@ pub fn shared() -> &'static SharedEnvironment {
     SHARED.get_or_init(|| {
         let work = log_directory().join(format!("shared-{}", std::process::id()));
         let certificates = work.join("certs");
-        let bundle = dbservice_operator::certificates::generate_bundle(&["localhost".into()], &["127.0.0.1".parse().unwrap()]).unwrap();
+        let bundle =
+            dbservice_operator::certificates::generate_bundle(&["localhost".into()], &["127.0.0.1".parse().unwrap()])
+                .unwrap();
         dbservice_operator::certificates::write_bundle(&bundle, &certificates).unwrap();
         let webhook_port = free_port();
         install_chart_url_mode(webhook_port, &bundle.ca_certificate);
@@ -221,7 +256,12 @@ pub fn helm(arguments: &[&str]) -> String {
         .env("KUBECONFIG", admin_kubeconfig().expect("cluster"))
         .output()
         .expect("helm runs");
-    assert!(output.status.success(), "helm {arguments:?} failed: {}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "helm {arguments:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout).to_string()
 }
 
@@ -230,12 +270,22 @@ fn install_chart_url_mode(webhook_port: u16, ca_certificate: &str) {
     let chart = repository().join("charts/dbservice-operator");
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_certificate);
     helm(&[
-        "upgrade", "--install", RELEASE, chart.to_str().unwrap(),
-        "--namespace", RELEASE_NAMESPACE, "--create-namespace",
-        "--set", "deployment.enabled=false",
-        "--set", &format!("webhook.url=https://127.0.0.1:{webhook_port}"),
-        "--set", &format!("webhook.caBundle={ca_bundle}"),
-        "--wait", "--timeout", "120s",
+        "upgrade",
+        "--install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "deployment.enabled=false",
+        "--set",
+        &format!("webhook.url=https://127.0.0.1:{webhook_port}"),
+        "--set",
+        &format!("webhook.caBundle={ca_bundle}"),
+        "--wait",
+        "--timeout",
+        "120s",
     ]);
     kubectl(&["wait", "--for=condition=Established", "crd/databaseservices.dbservice.dev", "--timeout=60s"]);
 }
@@ -248,7 +298,8 @@ pub fn service_account_kubeconfig(directory: &Path) -> PathBuf {
 /// A kubeconfig holding a TokenRequest token of `account` in `namespace`.
 pub fn service_account_kubeconfig_for(directory: &Path, account: &str, namespace: &str) -> PathBuf {
     let token = kubectl(&["create", "token", account, "-n", namespace, "--duration=6h"]);
-    let admin: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig().unwrap()).unwrap()).unwrap();
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig().unwrap()).unwrap()).unwrap();
     let cluster = &admin["clusters"][0]["cluster"];
     // Copy the cluster entry as it is (CA data or CA file path), only the user changes.
     let cluster: serde_json::Value = serde_json::to_value(cluster).unwrap();

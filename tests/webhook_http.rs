@@ -1,0 +1,356 @@
+//! The admission and probe routers over HTTP, in process (tower `oneshot`, no socket, no TLS):
+//! what the apiserver and the kubelet see.
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use base64::Engine;
+use dbservice_operator::metrics::Metrics;
+use dbservice_operator::webhook::{admission_router, probe_router, AdmissionState, Readiness, BODY_LIMIT_BYTES};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tower::ServiceExt;
+
+const REQUEST_UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+fn router(metrics: &Arc<Metrics>) -> Router {
+    admission_router(AdmissionState::new("1Gi", metrics.clone()).expect("1Gi is a quantity"))
+}
+
+/// A DatabaseService as the apiserver sends it; `spec` replaces the whole spec.
+fn database(spec: Value) -> Value {
+    json!({
+        "apiVersion": "dbservice.dev/v1",
+        "kind": "DatabaseService",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "0b8e4c2d-6f1a-4e3b-9c5d-7a8b9c0d1e2f"},
+        "spec": spec,
+    })
+}
+
+fn valid_spec() -> Value {
+    json!({"version": "16.4", "storageSize": "10Gi", "databaseName": "app", "username": "app_user"})
+}
+
+fn complete_spec() -> Value {
+    json!({
+        "version": "16.4", "storageSize": "10Gi", "databaseName": "app", "username": "app_user",
+        "replicas": 1, "image": "postgres:16.4", "deletionPolicy": "Retain",
+    })
+}
+
+/// An AdmissionReview (admission.k8s.io/v1) request for a DatabaseService.
+fn review(operation: &str, object: Option<Value>, old_object: Option<Value>) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": REQUEST_UID,
+            "kind": {"group": "dbservice.dev", "version": "v1", "kind": "DatabaseService"},
+            "resource": {"group": "dbservice.dev", "version": "v1", "resource": "databaseservices"},
+            "requestKind": {"group": "dbservice.dev", "version": "v1", "kind": "DatabaseService"},
+            "requestResource": {"group": "dbservice.dev", "version": "v1", "resource": "databaseservices"},
+            "name": "orders",
+            "namespace": "shop",
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": object,
+            "oldObject": old_object,
+            "dryRun": false,
+        }
+    })
+}
+
+async fn post(router: Router, path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+    let request = Request::post(path).header(header::CONTENT_TYPE, "application/json").body(body.into()).unwrap();
+    let response = router.oneshot(request).await.expect("the router is infallible");
+    let status = response.status();
+    let bytes = response.into_body().collect().await.expect("the body is readable").to_bytes().to_vec();
+    (status, bytes)
+}
+
+/// POSTs a review that must be answered with 200 and returns its `response`.
+async fn admit(router: Router, path: &str, review: &Value) -> Value {
+    let (status, body) = post(router, path, serde_json::to_vec(review).unwrap()).await;
+    assert_eq!(status, StatusCode::OK, "body: {}", String::from_utf8_lossy(&body));
+    let answer: Value = serde_json::from_slice(&body).expect("the answer is JSON");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
+    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+    answer["response"].clone()
+}
+
+async fn get(router: Router, path: &str) -> (StatusCode, Option<String>, String) {
+    let response = router.oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).map(|value| value.to_str().unwrap().to_string());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, content_type, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The JSONPatch of a mutate response. kube-core serializes `patch` (Go []byte) as an array of
+/// numbers, which Go's encoding/json accepts as well as the base64 string it writes itself.
+fn decoded_patch(response: &Value) -> Value {
+    let bytes = match &response["patch"] {
+        Value::String(encoded) => base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64 patch"),
+        Value::Array(numbers) => numbers.iter().map(|number| number.as_u64().expect("byte") as u8).collect(),
+        other => panic!("no patch in {response}: {other}"),
+    };
+    serde_json::from_slice(&bytes).expect("the patch is JSON")
+}
+
+async fn bad_request_body(path: &str, body: Vec<u8>) -> String {
+    let metrics = Arc::new(Metrics::new());
+    let (status, body) = post(router(&metrics), path, body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "body: {}", String::from_utf8_lossy(&body));
+    let text = String::from_utf8(body).expect("UTF-8 reason");
+    // One line: kube-apiserver logs the body of a failed webhook call.
+    assert!(text.ends_with('\n') && !text.trim_end().contains('\n'), "not one line: {text:?}");
+    text
+}
+
+#[tokio::test]
+async fn valid_create_is_allowed_and_echoes_the_uid() {
+    let metrics = Arc::new(Metrics::new());
+    let response = admit(router(&metrics), "/validate", &review("CREATE", Some(database(valid_spec())), None)).await;
+    assert_eq!(response["uid"], REQUEST_UID);
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("warnings").is_none(), "no warning expected: {response}");
+}
+
+#[tokio::test]
+async fn invalid_create_is_denied_with_422_and_every_field_error() {
+    let metrics = Arc::new(Metrics::new());
+    let spec = json!({"version": "latest", "storageSize": "100Mi", "databaseName": "app", "username": "postgres"});
+    let response = admit(router(&metrics), "/validate", &review("CREATE", Some(database(spec)), None)).await;
+    assert_eq!(response["uid"], REQUEST_UID);
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 422, "{response}");
+    assert_eq!(response["status"]["reason"], "Invalid", "{response}");
+    let message = response["status"]["message"].as_str().expect("a message");
+    for expected in [
+        "spec.version: Invalid value: \"latest\"",
+        "spec.storageSize: Invalid value: \"100Mi\": must be at least 1Gi",
+        "spec.username: Forbidden: \"postgres\" is reserved",
+    ] {
+        assert!(message.contains(expected), "{expected:?} missing from {message:?}");
+    }
+}
+
+#[tokio::test]
+async fn invalid_update_is_denied_with_the_update_rule() {
+    let metrics = Arc::new(Metrics::new());
+    let old = database(complete_spec());
+    let mut new_spec = complete_spec();
+    new_spec["storageSize"] = json!("5Gi");
+    let response = admit(router(&metrics), "/validate", &review("UPDATE", Some(database(new_spec)), Some(old))).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 422);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("may grow but never shrink"), "{message}");
+}
+
+#[tokio::test]
+async fn warnings_are_returned_with_an_allowed_answer() {
+    let metrics = Arc::new(Metrics::new());
+    let mut spec = complete_spec();
+    spec["replicas"] = json!(3);
+    spec["deletionPolicy"] = json!("Delete");
+    let response = admit(router(&metrics), "/validate", &review("CREATE", Some(database(spec)), None)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings: Vec<&str> =
+        response["warnings"].as_array().expect("warnings").iter().map(|warning| warning.as_str().unwrap()).collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains("replicas > 1 without resources"), "{warnings:?}");
+    assert!(warnings[1].contains("deletionPolicy: Delete"), "{warnings:?}");
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_with_a_one_line_reason() {
+    let text = bad_request_body("/validate", b"{\"apiVersion\": \"admission.k8s.io/v1\", \"kind\": ".to_vec()).await;
+    assert!(text.starts_with("malformed AdmissionReview"), "{text:?}");
+    let text = bad_request_body("/mutate", b"not json at all".to_vec()).await;
+    assert!(text.starts_with("malformed AdmissionReview"), "{text:?}");
+}
+
+#[tokio::test]
+async fn review_of_a_pod_is_a_400() {
+    let mut pod_review =
+        review("CREATE", Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})), None);
+    pod_review["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
+    pod_review["request"]["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
+    for path in ["/validate", "/mutate"] {
+        let text = bad_request_body(path, serde_json::to_vec(&pod_review).unwrap()).await;
+        assert!(text.contains("only admits dbservice.dev DatabaseService"), "{path}: {text:?}");
+        assert!(text.contains("Pod"), "{path}: {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn review_without_a_request_is_a_400() {
+    let empty = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"});
+    let text = bad_request_body("/validate", serde_json::to_vec(&empty).unwrap()).await;
+    assert!(text.contains("no request"), "{text:?}");
+}
+
+#[tokio::test]
+async fn review_of_another_api_version_is_a_400() {
+    let mut old_version = review("CREATE", Some(database(valid_spec())), None);
+    old_version["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let text = bad_request_body("/validate", serde_json::to_vec(&old_version).unwrap()).await;
+    assert!(text.contains("admission.k8s.io/v1beta1"), "{text:?}");
+    let mut wrong_kind = review("CREATE", Some(database(valid_spec())), None);
+    wrong_kind["kind"] = json!("TokenReview");
+    let text = bad_request_body("/validate", serde_json::to_vec(&wrong_kind).unwrap()).await;
+    assert!(text.contains("TokenReview"), "{text:?}");
+}
+
+#[tokio::test]
+async fn body_over_8_mib_is_rejected_with_413() {
+    let metrics = Arc::new(Metrics::new());
+    let oversized = vec![b' '; BODY_LIMIT_BYTES + 1];
+    for path in ["/validate", "/mutate"] {
+        let (status, _) = post(router(&metrics), path, oversized.clone()).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+    }
+}
+
+/// The apiserver accepts objects up to about 3 MiB; such a review must get through the body limit.
+#[tokio::test]
+async fn review_of_a_3_mib_object_is_answered() {
+    let metrics = Arc::new(Metrics::new());
+    let mut object = database(complete_spec());
+    object["metadata"]["annotations"] = json!({"example.com/blob": "x".repeat(3 * 1024 * 1024)});
+    let response = admit(router(&metrics), "/validate", &review("CREATE", Some(object), None)).await;
+    assert_eq!(response["allowed"], true, "{}", response["status"]);
+}
+
+/// A spec the types cannot represent is the user's mistake: a denial they can read, not a 400
+/// (which the apiserver would report as a webhook failure).
+#[tokio::test]
+async fn spec_with_wrong_types_is_denied_not_rejected() {
+    let metrics = Arc::new(Metrics::new());
+    let mut spec = valid_spec();
+    spec["replicas"] = json!("three");
+    for path in ["/validate", "/mutate"] {
+        let response = admit(router(&metrics), path, &review("CREATE", Some(database(spec.clone())), None)).await;
+        assert_eq!(response["uid"], REQUEST_UID, "{path}");
+        assert_eq!(response["allowed"], false, "{path}: {response}");
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(message.contains("three"), "{path}: {message}");
+    }
+}
+
+#[tokio::test]
+async fn mutate_returns_a_json_patch_with_the_defaults() {
+    let metrics = Arc::new(Metrics::new());
+    let response = admit(router(&metrics), "/mutate", &review("CREATE", Some(database(valid_spec())), None)).await;
+    assert_eq!(response["uid"], REQUEST_UID);
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    assert_eq!(
+        decoded_patch(&response),
+        json!([
+            {"op": "add", "path": "/spec/replicas", "value": 1},
+            {"op": "add", "path": "/spec/deletionPolicy", "value": "Retain"},
+            {"op": "add", "path": "/spec/image", "value": "postgres:16.4"},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["dbservice.dev/cleanup"]},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn mutate_of_a_complete_object_returns_no_patch() {
+    let metrics = Arc::new(Metrics::new());
+    let mut object = database(complete_spec());
+    object["metadata"]["finalizers"] = json!(["dbservice.dev/cleanup"]);
+    let response = admit(router(&metrics), "/mutate", &review("CREATE", Some(object), None)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(response.get("patchType").is_none(), "{response}");
+}
+
+/// dryRun requests (kubectl apply --dry-run=server) get the same answers; the webhooks have no
+/// side effects (sideEffects: None) so nothing changes.
+#[tokio::test]
+async fn dry_run_requests_are_answered_normally() {
+    let metrics = Arc::new(Metrics::new());
+    let mut valid = review("CREATE", Some(database(valid_spec())), None);
+    valid["request"]["dryRun"] = json!(true);
+    assert_eq!(admit(router(&metrics), "/validate", &valid).await["allowed"], true);
+    let mutated = admit(router(&metrics), "/mutate", &valid).await;
+    assert_eq!(mutated["patchType"], "JSONPatch", "{mutated}");
+    let mut invalid = review(
+        "CREATE",
+        Some(database(json!({"version": "12", "storageSize": "10Gi", "databaseName": "app", "username": "app"}))),
+        None,
+    );
+    invalid["request"]["dryRun"] = json!(true);
+    let denied = admit(router(&metrics), "/validate", &invalid).await;
+    assert_eq!(denied["allowed"], false, "{denied}");
+    assert_eq!(denied["status"]["code"], 422);
+}
+
+/// DELETE carries only the old object, which may be invalid by today's rules: never blocked.
+#[tokio::test]
+async fn delete_is_allowed() {
+    let metrics = Arc::new(Metrics::new());
+    let stored =
+        database(json!({"version": "12", "storageSize": "100Mi", "databaseName": "app", "username": "postgres"}));
+    for path in ["/validate", "/mutate"] {
+        let response = admit(router(&metrics), path, &review("DELETE", None, Some(stored.clone()))).await;
+        assert_eq!(response["uid"], REQUEST_UID, "{path}");
+        assert_eq!(response["allowed"], true, "{path}: {response}");
+        assert!(response.get("patch").is_none(), "{path}: {response}");
+    }
+}
+
+#[tokio::test]
+async fn healthz_answers_200() {
+    let (status, _, body) = get(probe_router(Arc::new(Metrics::new()), Readiness::default()), "/healthz").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "ok");
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_ready_then_200() {
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::default();
+    let probes = probe_router(metrics, readiness.clone());
+    let (status, _, _) = get(probes.clone(), "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    readiness.set(true);
+    let (status, _, _) = get(probes.clone(), "/readyz").await;
+    assert_eq!(status, StatusCode::OK);
+    // On shutdown the server flips readiness back so the Service stops routing to it.
+    readiness.set(false);
+    let (status, _, _) = get(probes, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_by_webhook_operation_result_and_denials_by_reason() {
+    let metrics = Arc::new(Metrics::new());
+    let probes = probe_router(metrics.clone(), Readiness::default());
+    let (_, _, before) = get(probes.clone(), "/metrics").await;
+    assert!(!before.contains("dbservice_admission_requests_total{"), "counted before any request:\n{before}");
+
+    admit(router(&metrics), "/validate", &review("CREATE", Some(database(valid_spec())), None)).await;
+    admit(router(&metrics), "/mutate", &review("CREATE", Some(database(valid_spec())), None)).await;
+    // Two invalid values (version, storageSize) and one forbidden value (username).
+    let invalid = json!({"version": "latest", "storageSize": "100Mi", "databaseName": "app", "username": "postgres"});
+    admit(router(&metrics), "/validate", &review("CREATE", Some(database(invalid)), None)).await;
+
+    let (status, content_type, text) = get(probes, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(content_type.unwrap_or_default().starts_with("application/openmetrics-text"));
+    for expected in [
+        "dbservice_admission_requests_total{webhook=\"validate\",operation=\"CREATE\",result=\"allowed\"} 1",
+        "dbservice_admission_requests_total{webhook=\"validate\",operation=\"CREATE\",result=\"denied\"} 1",
+        "dbservice_admission_requests_total{webhook=\"mutate\",operation=\"CREATE\",result=\"patched\"} 1",
+        "dbservice_admission_denials_total{webhook=\"validate\",reason=\"FieldValueInvalid\"} 2",
+        "dbservice_admission_denials_total{webhook=\"validate\",reason=\"FieldValueForbidden\"} 1",
+        "dbservice_admission_duration_seconds_count{webhook=\"validate\"} 2",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
+    }
+}
