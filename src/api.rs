@@ -132,6 +132,9 @@ pub struct DatabaseServiceStatus {
     /// When the last restart was made (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_at: Option<String>,
+    /// When standbys were last scaled away (RFC 3339); the restore probe waits from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_at: Option<String>,
     /// Instances actually scheduled when standbys were scaled away for lack of resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded_replicas: Option<i32>,

@@ -493,16 +493,12 @@ fn decide(
                     )),
                 );
                 status.degraded_replicas = Some(prefix);
+                status.degraded_at = Some(rfc3339(now));
                 replicas = prefix;
                 changed_workload = true;
             }
         } else if let Some(degraded) = status.degraded_replicas {
-            let since = status
-                .conditions
-                .iter()
-                .find(|condition| condition.type_ == types::DEGRADED)
-                .map(|condition| condition.last_transition_time.0.as_second());
-            let waited = since.map(|since| now.timestamp() - since).unwrap_or(i64::MAX);
+            let waited = parse_time(&status.degraded_at).map(|since| (now - since).num_seconds()).unwrap_or(i64::MAX);
             if waited >= settings.restore_probe.as_secs() as i64
                 && pods.iter().filter(|pod| pod.ordinal < degraded).all(|pod| pod.ready)
             {
@@ -745,6 +741,7 @@ fn summarize(
             format!("all {desired_replicas} instances are running"),
             Some(generation),
         );
+        status.degraded_at = None;
         journal.record(
             false,
             "Recovered",

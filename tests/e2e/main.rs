@@ -3,6 +3,7 @@
 
 mod chart;
 mod controller;
+mod healing;
 mod leader;
 mod quiet;
 mod smoke;

@@ -1,0 +1,159 @@
+//! Storage, pause and degrade behaviours of the controller on the real control plane.
+
+use crate::controller::{condition, ledger_entries, wait_for_phase};
+use crate::support::operator::shared;
+use crate::support::{client_for, cluster_or_skip, eventually, kubectl, sample_database, TestNamespace};
+use dbservice_operator::api::{DatabaseService, Phase};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use std::time::{Duration, Instant};
+
+fn claim_request(claim: &PersistentVolumeClaim) -> Option<String> {
+    claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage").map(|quantity| quantity.0.clone())
+}
+
+#[tokio::test]
+async fn a_wait_for_first_consumer_class_does_not_deadlock_provisioning() {
+    let Some(kubeconfig) = cluster_or_skip("a_wait_for_first_consumer_class_does_not_deadlock_provisioning") else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "wffc").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let mut database = sample_database("lazy");
+    database.spec.storage_class_name = Some("wait-for-consumer".into());
+    api.create(&PostParams::default(), &database).await.unwrap();
+    let running = wait_for_phase(&api, "lazy", Phase::Running, Duration::from_secs(120)).await;
+    let storage = eventually("StorageReady=True", Duration::from_secs(60), || async {
+        let database = api.get("lazy").await.ok()?;
+        (condition(&database, "StorageReady")?.status == "True").then(|| database.status.unwrap().storage.unwrap())
+    })
+    .await;
+    assert_eq!((storage.bound_claims, storage.expected_claims), (1, 1));
+    assert_eq!(running.spec.storage_class_name.as_deref(), Some("wait-for-consumer"));
+}
+
+#[tokio::test]
+async fn growing_storage_patches_each_claim_or_reports_a_class_that_cannot_grow() {
+    let Some(kubeconfig) = cluster_or_skip("growing_storage_patches_each_claim_or_reports_a_class_that_cannot_grow")
+    else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "grow").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let mut growable = sample_database("roomy");
+    growable.spec.replicas = Some(2);
+    api.create(&PostParams::default(), &growable).await.unwrap();
+    let mut fixed = sample_database("cramped");
+    fixed.spec.storage_class_name = Some("fixed-size".into());
+    api.create(&PostParams::default(), &fixed).await.unwrap();
+    wait_for_phase(&api, "roomy", Phase::Running, Duration::from_secs(120)).await;
+    wait_for_phase(&api, "cramped", Phase::Running, Duration::from_secs(120)).await;
+    let grow = Patch::Merge(serde_json::json!({"spec": {"storageSize": "2Gi"}}));
+    api.patch("roomy", &PatchParams::default(), &grow).await.unwrap();
+    api.patch("cramped", &PatchParams::default(), &grow).await.unwrap();
+    for claim in ["data-roomy-0", "data-roomy-1"] {
+        eventually(&format!("{claim} asks for 2Gi"), Duration::from_secs(60), || async {
+            (claim_request(&claims.get(claim).await.ok()?)?.as_str() == "2Gi").then_some(())
+        })
+        .await;
+    }
+    assert!(ledger_entries(&client, ns, "roomy").await.iter().any(|entry| entry.action == "StorageExpanded"));
+    let refused = eventually("StorageReady=False ExpansionNotSupported", Duration::from_secs(60), || async {
+        let database = api.get("cramped").await.ok()?;
+        let condition = condition(&database, "StorageReady")?.clone();
+        (condition.reason == "ExpansionNotSupported").then_some(condition)
+    })
+    .await;
+    assert!(refused.message.contains("fixed-size"), "{}", refused.message);
+    assert_eq!(claim_request(&claims.get("data-cramped-0").await.unwrap()).as_deref(), Some("1Gi"));
+}
+
+#[tokio::test]
+async fn a_paused_database_is_left_alone_until_resumed() {
+    let Some(kubeconfig) = cluster_or_skip("a_paused_database_is_left_alone_until_resumed") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "paused").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &sample_database("maint")).await.unwrap();
+    wait_for_phase(&api, "maint", Phase::Running, Duration::from_secs(120)).await;
+    api.patch("maint", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    eventually("Paused=True", Duration::from_secs(30), || async {
+        let database = api.get("maint").await.ok()?;
+        (condition(&database, "Paused")?.status == "True").then_some(())
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    services.delete("maint", &DeleteParams::default()).await.unwrap();
+    // While paused, the deleted Service must stay deleted (checked for 15 s: three resync periods of the test operator's fastest requeue).
+    let watched_until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < watched_until {
+        assert!(services.get_opt("maint").await.unwrap().is_none(), "a paused DatabaseService was reconciled");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    api.patch("maint", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    eventually("the Service recreated after resuming", Duration::from_secs(60), || async {
+        services.get_opt("maint").await.ok()?
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn standbys_without_resources_are_scaled_away_and_restored() {
+    let Some(kubeconfig) = cluster_or_skip("standbys_without_resources_are_scaled_away_and_restored") else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "degrade").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    // Nodes have 32 CPUs: with 20 CPUs each, one instance fits per node.
+    let nodes = kubectl(&["get", "nodes", "-l", "type=kwok", "-o", "name"]).lines().count();
+    let mut database = sample_database("hungry");
+    database.spec.replicas = Some(nodes as i32 + 1);
+    database.spec.resources =
+        Some(serde_json::from_value(serde_json::json!({"requests": {"cpu": "20", "memory": "1Gi"}})).unwrap());
+    api.create(&PostParams::default(), &database).await.unwrap();
+    let degraded = wait_for_phase(&api, "hungry", Phase::Degraded, Duration::from_secs(120)).await;
+    // Other tests' pods may hold CPU too: at least the primary runs, and fewer than asked for.
+    let running = degraded.status.as_ref().unwrap().degraded_replicas.expect("degradedReplicas set");
+    assert!((1..=nodes as i32).contains(&running), "degraded to {running} instances");
+    assert_eq!(condition(&degraded, "Degraded").unwrap().status, "True");
+    assert!(ledger_entries(&client, ns, "hungry").await.iter().any(|entry| entry.action == "Degraded"));
+    // Resources return: a new node. The operator's probe restores every instance.
+    let extra_nodes: Vec<String> =
+        (0..=nodes as i32 - running).map(|index| format!("kwok-extra-{}-{index}", std::process::id())).collect();
+    for node in &extra_nodes {
+        let manifest = format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  annotations: {{kwok.x-k8s.io/node: fake}}\n  labels: {{type: kwok-extra, kubernetes.io/hostname: {node}}}\nstatus:\n  allocatable: {{cpu: '32', memory: 256Gi, pods: '110'}}\n  capacity: {{cpu: '32', memory: 256Gi, pods: '110'}}\n"
+        );
+        let path = std::env::temp_dir().join(format!("{node}.yaml"));
+        std::fs::write(&path, manifest).unwrap();
+        kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    }
+    let restored = eventually("all instances restored", Duration::from_secs(120), || async {
+        let database = api.get("hungry").await.ok()?;
+        let status = database.status.clone()?;
+        (status.phase == Some(Phase::Running) && status.ready_replicas == nodes as i32 + 1).then_some(database)
+    })
+    .await;
+    for node in &extra_nodes {
+        let _ = std::process::Command::new(crate::support::tool("kubectl"))
+            .args(["delete", "node", node, "--wait=false"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output();
+    }
+    assert_eq!(condition(&restored, "Degraded").unwrap().status, "False");
+    assert!(ledger_entries(&client, ns, "hungry").await.iter().any(|entry| entry.action == "Recovered"));
+}
