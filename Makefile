@@ -23,11 +23,12 @@ cluster-build: ## build the control-plane binaries into ~/.cache/dbservice-opera
 cluster-up: cluster-build ## start the local control plane (no-op when already running); kubeconfig at .cluster/kubeconfig
 	tests/cluster/up.sh
 
-cluster-down: ## stop the local control plane and remove its data
+cluster-down: ## stop the local control plane (and a demo operator) and remove its data
 	tests/cluster/down.sh
 
-test: cluster-up ## cargo test --all-targets against the local control plane (end-to-end tests enabled)
-	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --all-targets
+test: cluster-up ## unit, HTTP, replication and end-to-end tests against the local control plane
+	scripts/demo.sh --stop
+	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --lib --bins --tests -- --test-threads 16
 
 demo: cluster-build ## start the local control plane and run scripts/demo.sh
 	tests/cluster/up.sh

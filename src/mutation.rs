@@ -1,6 +1,7 @@
 //! Defaulting for the mutating webhook: a minimal, idempotent JSONPatch.
 
 use crate::api::{default_image, DatabaseService, DeletionPolicy, DEFAULT_REPLICAS, FINALIZER};
+use crate::validation::major_version;
 use serde_json::{json, Value};
 
 /// Computes the JSONPatch that fills defaults and adds the cleanup finalizer.
@@ -23,13 +24,14 @@ pub fn default_patch(object: &DatabaseService, old: Option<&DatabaseService>) ->
         operations.push(json!({"op": "add", "path": "/spec/deletionPolicy", "value": DeletionPolicy::default()}));
     }
     match (&spec.image, old) {
-        (None, _) if !spec.version.is_empty() => {
+        // Only a well-formed version makes a meaningful default image ("postgres:latest" would not be).
+        (None, _) if major_version(&spec.version).is_some() => {
             operations.push(json!({"op": "add", "path": "/spec/image", "value": default_image(&spec.version)}));
         }
         (Some(image), Some(old))
             if old.spec.version != spec.version
                 && *image == default_image(&old.spec.version)
-                && !spec.version.is_empty() =>
+                && major_version(&spec.version).is_some() =>
         {
             operations.push(json!({"op": "replace", "path": "/spec/image", "value": default_image(&spec.version)}));
         }
