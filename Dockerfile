@@ -17,6 +17,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# Cargo.toml declares the benchmark target; cargo refuses a manifest whose targets are missing.
+COPY benches ./benches
 
 # Cache mounts keep the crate registry and incremental artifacts between builds (BuildKit).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

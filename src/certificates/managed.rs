@@ -199,31 +199,25 @@ impl ManagedCertificates {
     ) -> Result<(), ManageCertificatesError> {
         let encoded = ByteString(ca_bundle.as_bytes().to_vec());
         let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(configuration) = validating.get_opt(&self.validating_webhook).await? {
-            let bundles: Vec<Option<ByteString>> = configuration
+        let bundles = |configuration: ValidatingWebhookConfiguration| {
+            configuration
                 .webhooks
                 .unwrap_or_default()
                 .into_iter()
                 .map(|webhook| webhook.client_config.ca_bundle)
-                .collect();
-            if let Some(patch) = ca_bundle_patch(&bundles, &encoded, certificate) {
-                validating.patch(&self.validating_webhook, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
-                tracing::info!(configuration = %self.validating_webhook, "repaired the caBundle of the validating webhook");
-            }
-        }
+                .collect()
+        };
+        repair_ca_bundle(&validating, &self.validating_webhook, bundles, &encoded, certificate).await?;
         let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-        if let Some(configuration) = mutating.get_opt(&self.mutating_webhook).await? {
-            let bundles: Vec<Option<ByteString>> = configuration
+        let bundles = |configuration: MutatingWebhookConfiguration| {
+            configuration
                 .webhooks
                 .unwrap_or_default()
                 .into_iter()
                 .map(|webhook| webhook.client_config.ca_bundle)
-                .collect();
-            if let Some(patch) = ca_bundle_patch(&bundles, &encoded, certificate) {
-                mutating.patch(&self.mutating_webhook, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
-                tracing::info!(configuration = %self.mutating_webhook, "repaired the caBundle of the mutating webhook");
-            }
-        }
+                .collect()
+        };
+        repair_ca_bundle(&mutating, &self.mutating_webhook, bundles, &encoded, certificate).await?;
         Ok(())
     }
 
@@ -251,6 +245,27 @@ impl ManagedCertificates {
             }
         }
     }
+}
+
+/// Patches the caBundles of one webhook configuration when they do not trust `certificate`.
+async fn repair_ca_bundle<K>(
+    api: &Api<K>,
+    name: &str,
+    bundles: impl FnOnce(K) -> Vec<Option<ByteString>>,
+    wanted: &ByteString,
+    certificate: &str,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(configuration) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    if let Some(patch) = ca_bundle_patch(&bundles(configuration), wanted, certificate) {
+        api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
+        tracing::info!(configuration = %name, "repaired the caBundle of a webhook configuration");
+    }
+    Ok(())
 }
 
 /// A JSONPatch that sets every webhook's caBundle to `wanted`, or None when each already trusts `certificate`.

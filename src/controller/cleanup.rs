@@ -3,7 +3,7 @@
 
 use super::build::{label_selector, ChildNames};
 use super::ledger::{self, LedgerEntry};
-use super::reconcile::Journal;
+use super::reconcile::{publish_events, Journal};
 use super::{Context, ReconcileError};
 use crate::api::{DatabaseService, DeletionPolicy, Phase, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
@@ -40,6 +40,20 @@ where
     Ok(true)
 }
 
+/// The last ledger entry; failing to write it (e.g. the namespace is being deleted and takes
+/// the ledger with it) must not keep the finalizer, or the deletion would never finish.
+async fn record_final_entry(
+    config_maps: &Api<ConfigMap>,
+    database: &DatabaseService,
+    entry: LedgerEntry,
+    owned: bool,
+    context: &Context,
+) {
+    if let Err(error) = ledger::record(config_maps, database, &[entry], owned, &context.metrics).await {
+        tracing::warn!(database = %database.name_any(), %error, "could not write the final ledger entry");
+    }
+}
+
 /// Applies the deletion policy of a DatabaseService that is being deleted.
 pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Result<Action, ReconcileError> {
     let client = &context.client;
@@ -73,7 +87,7 @@ pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Re
                 "Retain",
                 format!("kept PVCs [{}], Secret {secret_name} and this ledger", claim_names.join(", ")),
             );
-            ledger::record(&config_maps, database, &[entry], false, &context.metrics).await?;
+            record_final_entry(&config_maps, database, entry, false, context).await;
             for claim in &claims {
                 release(&claims_api, claim, &uid, context).await?;
             }
@@ -99,7 +113,7 @@ pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Re
                 "Delete",
                 format!("deleting PVCs [{}] and Secret {secret_name}", claim_names.join(", ")),
             );
-            ledger::record(&config_maps, database, &[entry], true, &context.metrics).await?;
+            record_final_entry(&config_maps, database, entry, true, context).await;
             for claim in &claim_names {
                 ignore_not_found(claims_api.delete(claim, &DeleteParams::background()).await)?;
                 context.metrics.count_write("PersistentVolumeClaim", "delete");
@@ -123,11 +137,7 @@ pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Re
         action: "Cleanup".into(),
         secondary: None,
     });
-    for event in &journal.events {
-        if let Err(error) = context.recorder.publish(event, &database.object_ref(&())).await {
-            tracing::warn!(%error, "could not publish the cleanup event");
-        }
-    }
+    publish_events(database, context, &journal).await;
     tracing::info!(database = %name, %namespace, policy = %policy, "cleanup done; removing the finalizer");
     Ok(Action::await_change())
 }

@@ -203,20 +203,20 @@ pub(super) async fn apply(database: &DatabaseService, context: &Context) -> Resu
     note_apply(&mut journal, generation, &build::describe(&stateful_set), outcome, provisioned_before, drift_possible);
 
     // 6. Storage: owner references, expansion, binding state.
-    reconcile_claims(database, &claims_api, &claims, &mut status, &mut journal, context).await?;
-
     // 7. Pods: role labels, and pods stuck on an old revision replaced (a StatefulSet never
     //    replaces a broken pod by itself, which would block every rollback).
-    reconcile_pods(
-        &pods_api,
-        &pods,
-        &pod_health,
-        &decisions.image,
-        outcome == ApplyOutcome::Unchanged,
-        &mut journal,
-        context,
-    )
-    .await?;
+    let template_current = outcome == ApplyOutcome::Unchanged;
+    let mut follow_up = reconcile_claims(database, &claims_api, &claims, &mut status, &mut journal, context).await;
+    if follow_up.is_ok() {
+        follow_up =
+            reconcile_pods(&pods_api, &pods, &pod_health, &decisions.image, template_current, &mut journal, context)
+                .await;
+    }
+    if let Err(error) = follow_up {
+        // What was already done this pass still gets its events and ledger entries.
+        publish(database, context, &journal).await;
+        return Err(error);
+    }
 
     // 8. Status.
     let rolled_out = health::rolled_out(live_stateful_set.as_ref(), &pod_health, &decisions.image, decisions.replicas)
@@ -266,14 +266,7 @@ async fn ensure_credentials(
     let generation = database.metadata.generation.unwrap_or(0);
     if secrets.get_opt(&name).await?.is_some() {
         if !old_status.conditions.iter().any(|condition| condition.type_ == types::CREDENTIALS_READY) {
-            conditions::set(
-                &mut status.conditions,
-                types::CREDENTIALS_READY,
-                true,
-                "SecretCreated",
-                format!("credentials are in Secret {name}"),
-                Some(generation),
-            );
+            credentials_ready(status, &name, generation);
         }
         return Ok(());
     }
@@ -310,17 +303,15 @@ async fn ensure_credentials(
             )),
         );
     } else {
-        conditions::set(
-            &mut status.conditions,
-            types::CREDENTIALS_READY,
-            true,
-            "SecretCreated",
-            format!("credentials are in Secret {name}"),
-            Some(generation),
-        );
+        credentials_ready(status, &name, generation);
         journal.record(false, "CredentialsCreated", format!("generated credentials in Secret {name}"), None);
     }
     Ok(())
+}
+
+fn credentials_ready(status: &mut DatabaseServiceStatus, secret: &str, generation: i64) {
+    let message = format!("credentials are in Secret {secret}");
+    conditions::set(&mut status.conditions, types::CREDENTIALS_READY, true, "SecretCreated", message, Some(generation));
 }
 
 /// What the workload should run after this pass's decisions.
@@ -663,14 +654,13 @@ async fn reconcile_pods(
         }
         let role = health::expected_role(&pod_health.name);
         if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
-            pods_api
-                .patch(
-                    &pod_health.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}})),
-                )
-                .await?;
-            context.metrics.count_write("Pod", "label");
+            let label = Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: role}}}));
+            match pods_api.patch(&pod_health.name, &PatchParams::default(), &label).await {
+                Ok(_) => context.metrics.count_write("Pod", "label"),
+                // The pod went away since we listed it (scale-down, restart): nothing to label.
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
         }
         if template_current && pod_health.image != image && !pod_health.ready && !pod_health.unschedulable {
             match pods_api.delete(&pod_health.name, &DeleteParams::default()).await {
@@ -834,11 +824,26 @@ pub(super) async fn finish(
     }
     let config_maps: Api<ConfigMap> = Api::namespaced(context.client.clone(), &namespace);
     ledger::record(&config_maps, database, &journal.entries, true, &context.metrics).await?;
+    publish_events(database, context, &journal).await;
+    Ok(())
+}
+
+/// Best effort for a pass that failed half-way: ledger entries and events of what was done.
+async fn publish(database: &DatabaseService, context: &Context, journal: &Journal) {
+    let config_maps: Api<ConfigMap> =
+        Api::namespaced(context.client.clone(), &database.namespace().unwrap_or_default());
+    if let Err(error) = ledger::record(&config_maps, database, &journal.entries, true, &context.metrics).await {
+        tracing::warn!(%error, "could not write the ledger");
+    }
+    publish_events(database, context, journal).await;
+}
+
+/// Publishes the pass's events; a failure to publish never fails the reconciliation.
+pub(super) async fn publish_events(database: &DatabaseService, context: &Context, journal: &Journal) {
     let reference = database.object_ref(&());
     for event in &journal.events {
         if let Err(error) = context.recorder.publish(event, &reference).await {
             tracing::warn!(%error, reason = %event.reason, "could not publish an event");
         }
     }
-    Ok(())
 }

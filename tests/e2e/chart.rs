@@ -14,6 +14,17 @@ use kube::Api;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// Installs the chart as `release` beside the suite's own release: the CRD is already there, and
+/// failurePolicy Ignore because its Service points at kwok pods that run nothing (other tests share the cluster).
+fn install_release(release: &str, namespace: &str, settings: &[&str]) {
+    let chart = repository().join("charts/dbservice-operator");
+    let mut arguments = vec!["install", release, chart.to_str().unwrap(), "--namespace", namespace];
+    arguments.extend(["--set", "crds.enabled=false", "--set", "webhook.failurePolicy=Ignore"]);
+    arguments.extend(settings);
+    arguments.extend(["--wait", "--timeout", "120s"]);
+    helm(&arguments);
+}
+
 fn can_i(service_account: &str, namespace: &str, arguments: &[&str]) -> bool {
     let subject = format!("system:serviceaccount:{namespace}:{service_account}");
     let output = Command::new(tool("kubectl"))
@@ -175,27 +186,10 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     };
     let environment = shared();
     let client = client_for(&kubeconfig).await;
-    let chart = repository().join("charts/dbservice-operator");
     let namespace = TestNamespace::create(&client, "chart").await;
     let ns = namespace.name.clone();
     let release = "selfmanaged-dbservice-operator";
-    // failurePolicy Ignore: the Service points at kwok pods that run nothing, and other tests share the cluster.
-    helm(&[
-        "install",
-        release,
-        chart.to_str().unwrap(),
-        "--namespace",
-        &ns,
-        "--set",
-        "crds.enabled=false",
-        "--set",
-        "webhook.failurePolicy=Ignore",
-        "--set",
-        "certificates.mode=self-managed",
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+    install_release(release, &ns, &["--set", "certificates.mode=self-managed"]);
     let installed = kubectl(&[
         "get",
         "deployment,service,serviceaccount,poddisruptionbudget,role,rolebinding",
@@ -320,26 +314,18 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     ]);
     use base64::Engine;
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(&bundle.ca_certificate);
-    helm(&[
-        "install",
+    install_release(
         release,
-        chart.to_str().unwrap(),
-        "--namespace",
         &ns,
-        "--set",
-        "crds.enabled=false",
-        "--set",
-        "webhook.failurePolicy=Ignore",
-        "--set",
-        "certificates.mode=secret",
-        "--set",
-        "certificates.secret.name=user-webhook-tls",
-        "--set",
-        &format!("certificates.secret.caBundle={ca_bundle}"),
-        "--wait",
-        "--timeout",
-        "120s",
-    ]);
+        &[
+            "--set",
+            "certificates.mode=secret",
+            "--set",
+            "certificates.secret.name=user-webhook-tls",
+            "--set",
+            &format!("certificates.secret.caBundle={ca_bundle}"),
+        ],
+    );
     let configured =
         validating.get(release).await.unwrap().webhooks.unwrap()[0].client_config.ca_bundle.clone().unwrap();
     assert_eq!(configured.0, bundle.ca_certificate.as_bytes());

@@ -47,6 +47,15 @@ pub async fn ledger_entries(client: &Client, namespace: &str, name: &str) -> Vec
         .unwrap_or_default()
 }
 
+/// Waits until the ledger of `name` has an entry with `action` (it is written right after the status).
+pub async fn wait_for_ledger(client: &Client, namespace: &str, name: &str, action: &str) -> Vec<LedgerEntry> {
+    eventually(&format!("ledger entry {action} for {name}"), Duration::from_secs(30), || async {
+        let entries = ledger_entries(client, namespace, name).await;
+        entries.iter().any(|entry| entry.action == action).then_some(entries)
+    })
+    .await
+}
+
 pub async fn event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<String> {
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     events
@@ -128,7 +137,7 @@ async fn children_are_created_and_the_database_becomes_ready() {
     .await;
     assert_eq!(owned, 2);
 
-    let entries = ledger_entries(&client, ns, "orders").await;
+    let entries = wait_for_ledger(&client, ns, "orders", "Ready").await;
     let actions: Vec<&str> = entries.iter().map(|entry| entry.action.as_str()).collect();
     assert!(actions.contains(&"Created") && actions.contains(&"Ready"), "ledger: {actions:?}");
     wait_for_event(&client, ns, "orders", "CredentialsCreated").await;
@@ -295,7 +304,7 @@ async fn a_bad_minor_upgrade_rolls_back_and_leaves_the_spec_alone() {
     wait_for_event(&client, ns, "upgrade", "RolledBack").await;
 }
 
-async fn delete_and_wait_gone(api: &Api<DatabaseService>, name: &str) {
+pub async fn delete_and_wait_gone(api: &Api<DatabaseService>, name: &str) {
     api.delete(name, &DeleteParams::default()).await.unwrap();
     eventually(&format!("{name} gone"), Duration::from_secs(60), || async {
         api.get_opt(name).await.ok()?.is_none().then_some(())

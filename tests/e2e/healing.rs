@@ -1,6 +1,6 @@
 //! Storage, pause and degrade behaviours of the controller on the real control plane.
 
-use crate::controller::{condition, ledger_entries, wait_for_phase};
+use crate::controller::{condition, wait_for_ledger, wait_for_phase};
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::{DatabaseService, Phase};
@@ -64,7 +64,7 @@ async fn growing_storage_patches_each_claim_or_reports_a_class_that_cannot_grow(
         })
         .await;
     }
-    assert!(ledger_entries(&client, ns, "roomy").await.iter().any(|entry| entry.action == "StorageExpanded"));
+    wait_for_ledger(&client, ns, "roomy", "StorageExpanded").await;
     let refused = eventually("StorageReady=False ExpansionNotSupported", Duration::from_secs(60), || async {
         let database = api.get("cramped").await.ok()?;
         let condition = condition(&database, "StorageReady")?.clone();
@@ -130,7 +130,7 @@ async fn standbys_without_resources_are_scaled_away_and_restored() {
     let running = degraded.status.as_ref().unwrap().degraded_replicas.expect("degradedReplicas set");
     assert!((1..=nodes as i32).contains(&running), "degraded to {running} instances");
     assert_eq!(condition(&degraded, "Degraded").unwrap().status, "True");
-    assert!(ledger_entries(&client, ns, "hungry").await.iter().any(|entry| entry.action == "Degraded"));
+    wait_for_ledger(&client, ns, "hungry", "Degraded").await;
     // Resources return: a new node. The operator's probe restores every instance.
     let extra_nodes: Vec<String> =
         (0..=nodes as i32 - running).map(|index| format!("kwok-extra-{}-{index}", std::process::id())).collect();
@@ -155,5 +155,5 @@ async fn standbys_without_resources_are_scaled_away_and_restored() {
             .output();
     }
     assert_eq!(condition(&restored, "Degraded").unwrap().status, "False");
-    assert!(ledger_entries(&client, ns, "hungry").await.iter().any(|entry| entry.action == "Recovered"));
+    wait_for_ledger(&client, ns, "hungry", "Recovered").await;
 }

@@ -92,4 +92,6 @@ async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() 
     let (_, took) = wait_for_single_leader(&[&successor], Duration::from_secs(LEASE_SECONDS * 2)).await;
     assert!(took <= Duration::from_millis(2500), "takeover after SIGTERM took {took:?}");
     assert!(current.log_tail().contains("released the leader Lease"), "log:\n{}", current.log_tail());
+    // The new leader handles the deletion (its finalizer), so the namespace can go.
+    crate::controller::delete_and_wait_gone(&api, "elected").await;
 }

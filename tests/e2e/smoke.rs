@@ -12,7 +12,7 @@ use std::time::Duration;
 #[tokio::test]
 async fn crd_is_established_and_a_database_service_is_stored() {
     let Some(kubeconfig) = cluster_or_skip("crd_is_established_and_a_database_service_is_stored") else { return };
-    shared();
+    assert!(shared().operator.is_leader(), "the suite's operator holds the chart's Lease");
     let client = client_for(&kubeconfig).await;
     let definitions: Api<CustomResourceDefinition> = Api::all(client.clone());
     let definition = definitions.get("databaseservices.dbservice.dev").await.unwrap();

@@ -7,7 +7,7 @@ pub mod operator;
 
 use dbservice_operator::api::DatabaseService;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use std::future::Future;
@@ -135,9 +135,4 @@ pub fn sample_database(name: &str) -> DatabaseService {
     database_from_yaml(&format!(
         "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: {name}\nspec:\n  version: \"16.4\"\n  storageSize: 1Gi\n  databaseName: app\n  username: app_user\n"
     ))
-}
-
-/// Deletes an object, ignoring "not found".
-pub async fn delete_database(api: &Api<DatabaseService>, name: &str) {
-    let _ = api.delete(name, &DeleteParams::default()).await;
 }

@@ -77,14 +77,10 @@ pub struct OperatorOptions {
 /// A running operator process.
 pub struct OperatorProcess {
     child: Child,
-    /// HTTPS admission port.
-    pub webhook_port: u16,
     /// Plain-HTTP probe and metrics port.
     pub probe_port: u16,
     /// Log file.
     pub log: PathBuf,
-    /// Identity in the Lease.
-    pub identity: String,
 }
 
 impl OperatorProcess {
@@ -136,7 +132,7 @@ impl OperatorProcess {
             .stderr(log_file)
             .spawn()
             .expect("the operator binary starts");
-        let process = Self { child, webhook_port, probe_port, log, identity: options.identity.clone() };
+        let process = Self { child, probe_port, log };
         process.orphan_guard();
         let deadline = Instant::now() + Duration::from_secs(60);
         while http_get(probe_port, "/readyz").map(|(status, _)| status) != Some(200) {
@@ -210,8 +206,6 @@ impl Drop for OperatorProcess {
 pub struct SharedEnvironment {
     /// The operator serving the registered webhooks and reconciling non-isolated objects.
     pub operator: OperatorProcess,
-    /// kubeconfig with the chart ServiceAccount's token.
-    pub operator_kubeconfig: PathBuf,
     /// ca.crt, tls.crt, tls.key of the webhook server.
     pub certificates: PathBuf,
 }
@@ -245,7 +239,7 @@ pub fn shared() -> &'static SharedEnvironment {
             assert!(Instant::now() < deadline, "shared operator never became leader; log:\n{}", operator.log_tail());
             std::thread::sleep(Duration::from_millis(200));
         }
-        SharedEnvironment { operator, operator_kubeconfig, certificates }
+        SharedEnvironment { operator, certificates }
     })
 }
 
