@@ -9,7 +9,7 @@ CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 
-.PHONY: help build test lint lint-scripts lint-docker cluster-build cluster-up cluster-down demo crd
+.PHONY: help build test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down demo crd
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -39,7 +39,10 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 	$(CARGO) clippy --all-targets -- -D warnings
 
 lint-scripts: ## shellcheck the control-plane and CI scripts
-	shellcheck -x tests/cluster/*.sh .ci/run
+	shellcheck -x tests/cluster/*.sh .ci/run scripts/*.sh charts/check.sh
+
+lint-chart: ## helm lint and render the chart with the default values and every certificate mode
+	charts/check.sh
 
 lint-docker: ## hadolint the Dockerfile
 	hadolint Dockerfile
