@@ -22,7 +22,7 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
             json!([{"rule": "self == oldSelf", "message": "field is immutable"}]);
     }
     properties["storageSize"]["x-kubernetes-validations"] = json!([{
-        "rule": "quantity(self).compareTo(quantity(oldSelf)) >= 0",
+        "rule": "!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0",
         "message": "may grow but never shrink"
     }]);
     spec_schema["x-kubernetes-validations"] = json!([{

@@ -67,7 +67,8 @@ fn check(case: &Case) -> Option<String> {
             serde_json::to_string_pretty(&actual).unwrap()
         ));
     }
-    let Some(patch) = patch else { return None };
+    // No patch (as expected): nothing left to check.
+    let patch = patch?;
     if patch.0.is_empty() {
         return Some("Some(empty patch) returned: an empty patch must be None".into());
     }

@@ -120,14 +120,16 @@ pub fn write_bundle(bundle: &CertificateBundle, directory: &Path) -> Result<(), 
 /// Writes through a temporary file and a rename, so a reader never sees half a file.
 pub fn write_atomically(path: &Path, content: &[u8], private: bool) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let temporary = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(if private { 0o600 } else { 0o644 })
-        .open(&temporary)?;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // One temporary name per file (tls.key.tmp, not tls.tmp), so a key never lands in a
+    // leftover file of the certificate; the mode is set explicitly because `mode` only
+    // applies when the file is created.
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = std::path::PathBuf::from(temporary);
+    let mode = if private { 0o600 } else { 0o644 };
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&temporary)?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     file.write_all(content)?;
     file.sync_all()?;
     std::fs::rename(&temporary, path)

@@ -122,6 +122,15 @@ fn parse_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String>
     Ok(request)
 }
 
+/// A denial for an object whose fields have the wrong types (possible before schema validation,
+/// in the mutating webhook): 422 like a schema error, not the apiserver's default 403.
+fn malformed(response: AdmissionResponse, message: String) -> Decision {
+    let mut response = response.deny(message);
+    response.result.reason = "Invalid".into();
+    response.result.code = 422;
+    Decision { response, result: "denied", denial_reasons: vec!["MalformedObject"] }
+}
+
 /// Converts the raw object into the typed one; a malformed spec becomes a denial, not a 400.
 fn typed(object: Option<&DynamicObject>) -> Result<Option<DatabaseService>, String> {
     object
@@ -177,11 +186,7 @@ fn decide_validation(state: &AdmissionState, request: &AdmissionRequest<DynamicO
     let (object, old) = match (typed(request.object.as_ref()), typed(request.old_object.as_ref())) {
         (Ok(object), Ok(old)) => (object, old),
         (Err(message), _) | (_, Err(message)) => {
-            return Decision {
-                response: response.deny(message),
-                result: "denied",
-                denial_reasons: vec!["MalformedObject"],
-            };
+            return malformed(response, message);
         }
     };
     // DELETE and CONNECT carry no new object: nothing to validate.
@@ -221,11 +226,7 @@ fn decide_mutation(request: &AdmissionRequest<DynamicObject>) -> Decision {
         (Ok(Some(object)), Ok(old)) => (object, old),
         (Ok(None), _) => return Decision { response, result: "allowed", denial_reasons: vec![] },
         (Err(message), _) | (_, Err(message)) => {
-            return Decision {
-                response: response.deny(message),
-                result: "denied",
-                denial_reasons: vec!["MalformedObject"],
-            };
+            return malformed(response, message);
         }
     };
     match default_patch(&object, old.as_ref()) {

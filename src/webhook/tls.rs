@@ -94,6 +94,8 @@ impl ReloadingCertificate {
     pub fn load(certificate_path: &Path, key_path: &Path) -> Result<Arc<Self>, LoadCertificateError> {
         let pair = read_pair(certificate_path, key_path)?;
         let key = certified_key(&pair, certificate_path, key_path)?;
+        // A key that does not match the certificate would fail every handshake: refuse to start.
+        key.keys_match().map_err(|source| LoadCertificateError::Key { path: key_path.to_path_buf(), source })?;
         Ok(Arc::new(Self {
             certificate_path: certificate_path.to_path_buf(),
             key_path: key_path.to_path_buf(),
