@@ -3,7 +3,8 @@
 
 use super::build::{label_selector, ChildNames};
 use super::ledger::{self, LedgerEntry};
-use super::reconcile::{publish_events, Journal};
+use super::reconcile::Journal;
+use super::status::publish_events;
 use super::{Context, ReconcileError};
 use crate::api::{DatabaseService, DeletionPolicy, Phase, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};

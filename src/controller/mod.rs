@@ -5,9 +5,13 @@ pub mod apply;
 pub mod build;
 pub mod cleanup;
 pub mod conditions;
+mod decide;
 pub mod health;
 pub mod ledger;
+mod pods;
 mod reconcile;
+mod status;
+mod storage;
 
 use crate::api::{DatabaseService, FINALIZER};
 use crate::controller::build::INSTANCE_LABEL;
