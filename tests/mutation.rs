@@ -4,11 +4,13 @@
 //! Besides the exact expected patch, every case checks idempotency: the apiserver may call a
 //! mutating webhook again on its own output (reinvocationPolicy), and a second pass must add nothing.
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
 use dbservice_operator::api::DatabaseService;
 use dbservice_operator::mutation::default_patch;
 use serde::Deserialize;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,31 +24,7 @@ struct Case {
 }
 
 fn load_cases() -> Vec<(String, Case)> {
-    let directory = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mutation");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(directory)
-        .expect("tests/fixtures/mutation exists")
-        .map(|entry| entry.expect("directory entry is readable").path())
-        .filter(|path| path.extension().is_some_and(|extension| extension == "yaml"))
-        .collect();
-    files.sort();
-    let mut cases = Vec::new();
-    for file in files {
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|error| panic!("{name}: {error}"));
-        let document: serde_yaml::Value =
-            serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
-        let items = match document {
-            serde_yaml::Value::Sequence(items) => items,
-            single => vec![single],
-        };
-        assert!(!items.is_empty(), "{name} holds no case");
-        for (index, item) in items.into_iter().enumerate() {
-            let case: Case = serde_yaml::from_value(item)
-                .unwrap_or_else(|error| panic!("{name} case #{index}: not a mutation case: {error}"));
-            cases.push((format!("{name} #{index}"), case));
-        }
-    }
-    cases
+    fixtures::load_cases("mutation")
 }
 
 /// The operations of a patch as plain JSON, for comparison with the fixture.

@@ -4,11 +4,13 @@
 //! A case names the exact error strings, in order, and one substring per expected warning, in
 //! order; a warning that no case expects is a failure too, so a fixture cannot pass by accident.
 
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
 use chrono::NaiveDate;
 use dbservice_operator::api::DatabaseService;
 use dbservice_operator::validation::{validate, ValidationSettings};
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
 
 /// The date every case is judged on unless it sets `today`: 13 and 14 are past their end of life.
 const FIXED_TODAY: &str = "2026-11-30";
@@ -31,36 +33,8 @@ struct Case {
     today: Option<NaiveDate>,
 }
 
-fn fixture_directory() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/validation")
-}
-
-/// Every case of every fixture file, labelled with its file and position for messages.
 fn load_cases() -> Vec<(String, Case)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture_directory())
-        .expect("tests/fixtures/validation exists")
-        .map(|entry| entry.expect("directory entry is readable").path())
-        .filter(|path| path.extension().is_some_and(|extension| extension == "yaml"))
-        .collect();
-    files.sort();
-    let mut cases = Vec::new();
-    for file in files {
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|error| panic!("{name}: {error}"));
-        let document: serde_yaml::Value =
-            serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
-        let items = match document {
-            serde_yaml::Value::Sequence(items) => items,
-            single => vec![single],
-        };
-        assert!(!items.is_empty(), "{name} holds no case");
-        for (index, item) in items.into_iter().enumerate() {
-            let case: Case = serde_yaml::from_value(item)
-                .unwrap_or_else(|error| panic!("{name} case #{index}: not a validation case: {error}"));
-            cases.push((format!("{name} #{index}"), case));
-        }
-    }
-    cases
+    fixtures::load_cases("validation")
 }
 
 fn settings(today: NaiveDate) -> ValidationSettings {

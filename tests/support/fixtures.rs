@@ -1,0 +1,34 @@
+//! Loading YAML fixture cases shared by the fixture-driven tests: every `*.yaml` file of a
+//! directory under tests/fixtures, each holding one case or a list of cases.
+
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+
+/// Every case of every fixture file in tests/fixtures/`directory`, labelled "file #index".
+pub fn load_cases<Case: DeserializeOwned>(directory: &str) -> Vec<(String, Case)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(directory);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .map(|entry| entry.expect("directory entry is readable").path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "yaml"))
+        .collect();
+    files.sort();
+    let mut cases = Vec::new();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|error| panic!("{name}: {error}"));
+        let document: serde_yaml::Value =
+            serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
+        let items = match document {
+            serde_yaml::Value::Sequence(items) => items,
+            single => vec![single],
+        };
+        assert!(!items.is_empty(), "{name} holds no case");
+        for (index, item) in items.into_iter().enumerate() {
+            let case: Case = serde_yaml::from_value(item)
+                .unwrap_or_else(|error| panic!("{name} case #{index}: not a {directory} case: {error}"));
+            cases.push((format!("{name} #{index}"), case));
+        }
+    }
+    cases
+}
