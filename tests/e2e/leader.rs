@@ -70,6 +70,7 @@ async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() 
     // SIGKILL: nobody releases the Lease; the follower takes over once it expires.
     leader.signal("KILL");
     let (_, took) = wait_for_single_leader(&[&follower], Duration::from_secs(LEASE_SECONDS * 3)).await;
+    eprintln!("leader election: takeover after SIGKILL took {took:?} (lease {LEASE_SECONDS}s)");
     assert!(
         took <= Duration::from_secs(LEASE_SECONDS + 3),
         "takeover after SIGKILL took {took:?} (lease {LEASE_SECONDS}s)"
@@ -90,6 +91,7 @@ async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() 
     assert!(!successor.is_leader());
     current.signal("TERM");
     let (_, took) = wait_for_single_leader(&[&successor], Duration::from_secs(LEASE_SECONDS * 2)).await;
+    eprintln!("leader election: takeover after SIGTERM took {took:?}");
     assert!(took <= Duration::from_millis(2500), "takeover after SIGTERM took {took:?}");
     assert!(current.log_tail().contains("released the leader Lease"), "log:\n{}", current.log_tail());
     // The new leader handles the deletion (its finalizer), so the namespace can go.
