@@ -275,8 +275,9 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
             replicas: Some(inputs.replicas),
             service_name: Some(ChildNames::headless_service(&name)),
             selector: LabelSelector { match_labels: Some(selector_labels(&name)), ..Default::default() },
-            // Standbys wait for the primary in their script, so they may start together.
-            pod_management_policy: Some("Parallel".into()),
+            // OrderedReady: the primary (pod 0) is created and ready before any standby, so a standby
+            // can never take the resources the primary needs; standbys bootstrap from it anyway.
+            pod_management_policy: Some("OrderedReady".into()),
             // Never delete data volumes on scale-down or deletion: the finalizer decides.
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_deleted: Some("Retain".into()),

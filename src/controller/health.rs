@@ -104,8 +104,9 @@ pub fn unhealthy_pods(pods: &[PodHealth], now: DateTime<Utc>, threshold_seconds:
         .collect()
 }
 
-/// Number of leading instances (ordinals 0..n) that are scheduled, when some standby is stuck
-/// unschedulable for at least `threshold_seconds`; None when nothing needs degrading.
+/// How many leading instances (ordinals 0..n) to keep when some instance has been unschedulable
+/// for at least `threshold_seconds`: up to the first stuck standby, or only the primary when the
+/// primary itself is stuck (removing standbys frees resources for it). None when nothing is stuck.
 pub fn schedulable_prefix(
     pods: &[PodHealth],
     replicas: i32,
@@ -114,11 +115,11 @@ pub fn schedulable_prefix(
 ) -> Option<i32> {
     let stuck: Vec<i32> = pods
         .iter()
-        .filter(|pod| pod.ordinal > 0 && pod.ordinal < replicas && pod.unschedulable)
+        .filter(|pod| pod.ordinal >= 0 && pod.ordinal < replicas && pod.unschedulable)
         .filter(|pod| pod.unhealthy_since.is_some_and(|since| (now - since).num_seconds() >= threshold_seconds))
         .map(|pod| pod.ordinal)
         .collect();
-    stuck.into_iter().min()
+    stuck.into_iter().min().map(|first| first.max(1))
 }
 
 /// Bound PVCs out of those expected, and whether any is still pending.
@@ -132,4 +133,43 @@ pub fn claims_bound(claims: &[PersistentVolumeClaim]) -> i32 {
 /// Whether `pod_name` should carry the primary or the standby role label.
 pub fn expected_role(pod_name: &str) -> &'static str {
     role_of_pod(pod_name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ordinal: i32, unschedulable_for: Option<i64>, now: DateTime<Utc>) -> PodHealth {
+        PodHealth {
+            name: format!("db-{ordinal}"),
+            ordinal,
+            ready: unschedulable_for.is_none(),
+            crash_looping: false,
+            unschedulable: unschedulable_for.is_some(),
+            unhealthy_since: unschedulable_for.map(|seconds| now - chrono::Duration::seconds(seconds)),
+            image: "postgres:16.4".into(),
+            terminating: false,
+        }
+    }
+
+    #[test]
+    fn a_stuck_standby_keeps_the_instances_before_it() {
+        let now = Utc::now();
+        let pods = [pod(0, None, now), pod(1, None, now), pod(2, Some(120), now)];
+        assert_eq!(schedulable_prefix(&pods, 3, now, 60), Some(2));
+    }
+
+    #[test]
+    fn a_stuck_primary_keeps_only_the_primary() {
+        let now = Utc::now();
+        let pods = [pod(0, Some(120), now), pod(1, None, now)];
+        assert_eq!(schedulable_prefix(&pods, 2, now, 60), Some(1));
+    }
+
+    #[test]
+    fn nothing_is_degraded_before_the_threshold_or_when_all_are_scheduled() {
+        let now = Utc::now();
+        assert_eq!(schedulable_prefix(&[pod(0, None, now), pod(1, Some(10), now)], 2, now, 60), None);
+        assert_eq!(schedulable_prefix(&[pod(0, None, now), pod(1, None, now)], 2, now, 60), None);
+    }
 }
