@@ -140,7 +140,7 @@ fn default_identity() -> String {
 #[derive(Debug, Args, Clone)]
 pub struct CrdArgs {
     /// Print only the CRD's .spec (what the Helm chart embeds).
-    #[arg(long)]
+    #[arg(long, env = "DBSERVICE_CRD_SPEC_ONLY", default_value_t = false)]
     pub spec_only: bool,
 }
 
@@ -151,10 +151,10 @@ pub struct CertsArgs {
     #[arg(long, env = "DBSERVICE_CERTS_OUT", default_value = "certs")]
     pub out: PathBuf,
     /// DNS names of the serving certificate (repeatable).
-    #[arg(long = "dns", default_values_t = ["localhost".to_string()])]
+    #[arg(long = "dns", env = "DBSERVICE_CERTS_DNS", value_delimiter = ',', default_values_t = ["localhost".to_string()])]
     pub dns: Vec<String>,
     /// IP addresses of the serving certificate (repeatable).
-    #[arg(long = "ip", default_values_t = ["127.0.0.1".parse::<IpAddr>().expect("valid")])]
+    #[arg(long = "ip", env = "DBSERVICE_CERTS_IP", value_delimiter = ',', default_values_t = ["127.0.0.1".parse::<IpAddr>().expect("valid")])]
     pub ip: Vec<IpAddr>,
 }
 
