@@ -84,6 +84,7 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
         versions_after_label,
         "an object changed during a quiet minute (before the label: {versions_before})"
     );
+    eprintln!("quiet minute: {writes_after} controller writes in total, peak RSS {:?} KiB", operator.peak_memory_kib());
     // Deleted while its operator still runs, so the finalizer is released and the namespace goes.
     crate::controller::delete_and_wait_gone(&api, "calm").await;
     drop(operator);

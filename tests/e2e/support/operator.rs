@@ -179,6 +179,13 @@ impl OperatorProcess {
         self.metrics().is_some_and(|metrics| metric_sum(&metrics, "dbservice_leader", &[]) >= 1.0)
     }
 
+    /// Peak resident memory of the process in KiB (VmHWM), for the record.
+    pub fn peak_memory_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     /// Writes the controller made, by its own count.
     pub fn writes(&self) -> f64 {
         self.metrics().map(|metrics| metric_sum(&metrics, "dbservice_controller_writes_total", &[])).unwrap_or(0.0)
