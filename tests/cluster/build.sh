@@ -16,7 +16,7 @@ build_kubernetes() {
   if [ -x "$out/kube-apiserver" ] && [ -x "$out/kubectl" ] && [ -x "$out/kube-scheduler" ] && [ -x "$out/kube-controller-manager" ]; then
     return
   fi
-  log "building kubernetes $KUBERNETES_VERSION (cold: 20-40 minutes on 2 cores)"
+  log "building kubernetes $KUBERNETES_VERSION (cold: about 12 minutes on 2 cores)"
   local work minor staging_version gomod
   work="$(mktemp -d)"
   minor="$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
