@@ -69,23 +69,7 @@ fn check(case: &Case) -> Option<String> {
 
 #[test]
 fn every_mutation_fixture_gives_its_expected_patch_and_is_idempotent() {
-    let cases = load_cases();
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|(location, case)| {
-            check(case).map(|problem| format!("FAILED [{location}] {}\n{problem}", case.description))
-        })
-        .collect();
-    for failure in &failures {
-        eprintln!("{failure}\n");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} mutation cases failed:\n\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    fixtures::assert_cases("mutation", &load_cases(), |case| &case.description, check);
 }
 
 #[test]

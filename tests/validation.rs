@@ -66,23 +66,7 @@ fn check(case: &Case) -> Option<String> {
 
 #[test]
 fn every_validation_fixture_gives_its_expected_errors_and_warnings() {
-    let cases = load_cases();
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|(location, case)| {
-            check(case).map(|problem| format!("FAILED [{location}] {}\n{problem}", case.description))
-        })
-        .collect();
-    for failure in &failures {
-        eprintln!("{failure}\n");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} validation cases failed:\n\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n\n")
-    );
+    fixtures::assert_cases("validation", &load_cases(), |case| &case.description, check);
 }
 
 /// Guards the table itself: a duplicated description makes a failure report ambiguous.

@@ -32,3 +32,29 @@ pub fn load_cases<Case: DeserializeOwned>(directory: &str) -> Vec<(String, Case)
     }
     cases
 }
+
+/// Runs `check` on every case (None means it passed) and fails once, listing every failing case
+/// with its location and description, so one run shows all that is wrong.
+pub fn assert_cases<Case>(
+    kind: &str,
+    cases: &[(String, Case)],
+    describe: impl Fn(&Case) -> &str,
+    check: impl Fn(&Case) -> Option<String>,
+) {
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(location, case)| {
+            check(case).map(|problem| format!("FAILED [{location}] {}\n{problem}", describe(case)))
+        })
+        .collect();
+    for failure in &failures {
+        eprintln!("{failure}\n");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} {kind} cases failed:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}
