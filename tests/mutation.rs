@@ -74,10 +74,7 @@ fn every_mutation_fixture_gives_its_expected_patch_and_is_idempotent() {
 
 #[test]
 fn mutation_fixture_descriptions_are_unique() {
-    let mut seen = std::collections::HashSet::new();
-    for (location, case) in load_cases() {
-        assert!(seen.insert(case.description.clone()), "[{location}] duplicate description {:?}", case.description);
-    }
+    fixtures::assert_unique_descriptions(&load_cases(), |case| &case.description);
 }
 
 /// The patched object carries exactly the defaults the rest of the operator assumes.

@@ -72,11 +72,7 @@ fn every_validation_fixture_gives_its_expected_errors_and_warnings() {
 /// Guards the table itself: a duplicated description makes a failure report ambiguous.
 #[test]
 fn validation_fixture_descriptions_are_unique() {
-    let cases = load_cases();
-    let mut seen = std::collections::HashSet::new();
-    for (location, case) in &cases {
-        assert!(seen.insert(case.description.clone()), "[{location}] duplicate description {:?}", case.description);
-    }
+    fixtures::assert_unique_descriptions(&load_cases(), |case| &case.description);
 }
 
 /// The denial message joins every field error with ", " (as Kubernetes does), in order.

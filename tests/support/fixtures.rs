@@ -58,3 +58,11 @@ pub fn assert_cases<Case>(
         failures.join("\n\n")
     );
 }
+
+/// Fails when two cases share a description: a duplicate makes a failure report ambiguous.
+pub fn assert_unique_descriptions<Case>(cases: &[(String, Case)], describe: impl Fn(&Case) -> &str) {
+    let mut seen = std::collections::HashSet::new();
+    for (location, case) in cases {
+        assert!(seen.insert(describe(case).to_string()), "[{location}] duplicate description {:?}", describe(case));
+    }
+}
