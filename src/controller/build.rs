@@ -299,6 +299,9 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
                         run_as_user: Some(999),
                         run_as_group: Some(999),
                         fs_group: Some(999),
+                        // Only walk the volume when its root has the wrong group: a large data directory is
+                        // not re-chowned on every start, and pgdata's mode is left alone.
+                        fs_group_change_policy: Some("OnRootMismatch".into()),
                         seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
                         ..Default::default()
                     }),

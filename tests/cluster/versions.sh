@@ -5,4 +5,7 @@ KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+# Built by one `go build` (shared packages compile once); kubelet and kube-proxy run the real node.
+KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CACHE_ROOT="${DBSERVICE_CACHE:-$HOME/.cache/dbservice-operator}"

@@ -323,6 +323,11 @@ primary)
 	elif data_dir_initialized; then
 		log "existing data directory found; skipping initialization"
 	fi
+	# The kubelet may re-apply fsGroup on every mount (setgid, group rwx: mode 2770), and postgres
+	# refuses to start on a data directory open to its group beyond u=rwx,g=rx.
+	if [ -d "$PGDATA" ]; then
+		chmod 700 "$PGDATA"
+	fi
 	;;
 standby)
 	# As PID 1, bash ignores SIGTERM unless trapped: make pod deletion during the wait for the
