@@ -1,10 +1,16 @@
 # syntax=docker/dockerfile:1
 # dbservice-operator: one static binary (admission webhooks + controller) on distroless.
 #
-#   docker build -t dbservice-operator:0.1.0 .
+#   docker build -t dbservice-operator:0.1.0 .        (or: buildah bud -t dbservice-operator:0.1.0 .)
 #
+# The two base images are build arguments whose defaults are the production images. Where they cannot be
+# pulled (the offline test machines), tests/cluster/images.sh passes local stand-ins; the stages below are
+# the same either way.
+ARG BUILDER_IMAGE=rust:1-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
+
 # Build stage: static musl binary (rustls + ring, no OpenSSL, no libc at runtime).
-FROM rust:1-bookworm AS build
+FROM ${BUILDER_IMAGE} AS build
 
 # musl-gcc compiles ring's C/assembly for the musl target. The version comes from the
 # bookworm archive the base image tracks; pinning it would break on every Debian point release.
@@ -27,7 +33,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && install -D -m 0755 target/x86_64-unknown-linux-musl/release/dbservice-operator /out/dbservice-operator
 
 # Runtime stage: no shell, no package manager, uid/gid 65532 ("nonroot").
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM ${RUNTIME_IMAGE}
 
 LABEL org.opencontainers.image.title="dbservice-operator" \
       org.opencontainers.image.description="Kubernetes operator for PostgreSQL: admission webhooks and a self-healing controller in one binary" \

@@ -9,7 +9,7 @@ CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 
-.PHONY: help build test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down demo crd
+.PHONY: help build image test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -17,21 +17,26 @@ help: ## list targets
 build: ## cargo build
 	$(CARGO) build
 
-cluster-build: ## build the control-plane binaries into ~/.cache/dbservice-operator (once; cold Kubernetes build ~12 min here)
+cluster-build: ## build the control-plane and node binaries into ~/.cache/dbservice-operator (once; cold ~16 min here)
 	tests/cluster/build.sh all
 
-cluster-up: cluster-build ## start the local control plane (no-op when already running); kubeconfig at .cluster/kubeconfig
+cluster-up: cluster-build ## start the local control plane with kwok nodes and one real node (DBSERVICE_REAL_NODE=0: kwok only)
 	tests/cluster/up.sh
 
-cluster-down: ## stop the local control plane (and a demo operator) and remove its data
+cluster-down: ## stop the local control plane and the real node, and check that nothing is left on the machine
 	tests/cluster/down.sh
 
-test: cluster-up ## unit, HTTP, replication and end-to-end tests against the local control plane
+cluster-status: ## the real node's processes and memory
+	tests/cluster/real-node.sh status
+
+image: ## build the operator image from the Dockerfile with buildah and load it into the real node
+	tests/cluster/images.sh operator
+
+test: cluster-up image ## unit, HTTP, replication, kwok end-to-end and real-node tests against the local control plane
 	scripts/demo.sh --stop
 	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --lib --bins --tests -- --test-threads 16
 
-demo: cluster-build ## start the local control plane and run scripts/demo.sh
-	tests/cluster/up.sh
+demo: cluster-up image ## the chart with the operator image on the real node, a DatabaseService with real PostgreSQL, psql at the end
 	KUBECONFIG=$(KUBECONFIG_LOCAL) PATH="$(CLUSTER_DIR)/bin:$$PATH" scripts/demo.sh
 
 lint: ## cargo fmt --check and clippy with warnings as errors

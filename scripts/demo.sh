@@ -1,107 +1,95 @@
 #!/usr/bin/env bash
-# The product's main job on the local control plane (run by `make demo`, after tests/cluster/up.sh):
-# install the chart (CRD, RBAC, webhook configurations pointing at a local operator), run the operator
-# with the chart ServiceAccount's token, create a DatabaseService and watch it become Ready, show a bad
-# one rejected, and show the ledger. The operator keeps running so you can look around.
+# The product's main job on the local control plane (run by `make demo`, after `make cluster-up image`):
+# install the chart as a user does (the operator's own image in a Deployment on the real node,
+# self-managed webhook certificates), show a bad DatabaseService rejected and a good one defaulted,
+# run real PostgreSQL (a primary and a streaming standby) under the operator, query it with psql
+# through `kubectl exec`, and show the ledger. Everything keeps running so you can look around.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cluster="$repo/.cluster"
-demo="$cluster/demo"
 export KUBECONFIG="$cluster/kubeconfig" PATH="$cluster/bin:$PATH"
 namespace=demo
 release_namespace=dbservice-system
-webhook_port="${DEMO_WEBHOOK_PORT:-19443}"
-probe_port="${DEMO_PROBE_PORT:-18080}"
 
-# --stop: stop a demo operator left running (make test does this: it needs the same leader Lease).
+# --stop: remove the demo's DatabaseService and namespace (make test does this first: the real node's
+# resources are for the tests then).
 if [ "${1:-}" = "--stop" ]; then
-  if [ -s "$cluster/pids/demo-operator.pid" ]; then
-    kill -TERM "$(cat "$cluster/pids/demo-operator.pid")" 2>/dev/null || true
-    rm -f "$cluster/pids/demo-operator.pid"
-    echo "stopped the demo operator"
+  if kubectl get namespace "$namespace" >/dev/null 2>&1; then
+    kubectl delete namespace "$namespace" --wait=false >/dev/null
+    echo "removed the demo namespace"
   fi
   exit 0
 fi
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+[ -s "$cluster/real-node.env" ] || { echo "no real node: run make cluster-up (without DBSERVICE_REAL_NODE=0)" >&2; exit 1; }
+# shellcheck source=/dev/null
+. "$cluster/real-node.env"
+image="$("$repo/tests/cluster/images.sh" name)"
 
-step "building the operator"
-cargo build --quiet --manifest-path "$repo/Cargo.toml"
-operator="$repo/target/debug/dbservice-operator"
-mkdir -p "$demo" "$cluster/pids"
-
-# A previous demo's operator (if any) is replaced.
-"$0" --stop >/dev/null
-
-step "webhook certificates (a CA and a serving certificate for 127.0.0.1)"
-"$operator" certs --out "$demo/certs" --dns localhost --ip 127.0.0.1
-
-step "installing the Helm chart in URL mode (the apiserver calls https://127.0.0.1:$webhook_port)"
+step "installing the Helm chart: 2 operator pods of $image on node $REAL_NODE"
+"$repo/tests/cluster/real-node.sh" namespace "$release_namespace"
 helm upgrade --install dbservice-operator "$repo/charts/dbservice-operator" \
-  --namespace "$release_namespace" --create-namespace \
-  --set deployment.enabled=false \
-  --set webhook.url="https://127.0.0.1:$webhook_port" \
-  --set webhook.caBundle="$(base64 -w0 "$demo/certs/ca.crt")" --wait >/dev/null
-kubectl wait --for=condition=Established crd/databaseservices.dbservice.dev --timeout=60s
-
-step "starting the operator with the chart ServiceAccount's token (log: $demo/operator.log)"
-token="$(kubectl create token dbservice-operator -n "$release_namespace" --duration=24h)"
-server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
-ca_data="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
-umask 077
-cat > "$demo/operator.kubeconfig" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "$server", certificate-authority-data: "$ca_data"}}]
-users: [{name: dbservice-operator, user: {token: "$token"}}]
-contexts: [{name: local, context: {cluster: local, user: dbservice-operator}}]
-current-context: local
-KUBECONFIG
-umask 022
-KUBECONFIG="$demo/operator.kubeconfig" nohup "$operator" run \
-  --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
-  --tls-cert "$demo/certs/tls.crt" --tls-key "$demo/certs/tls.key" \
-  --namespace "$release_namespace" --identity demo --lease-name dbservice-operator-leader \
-  > "$demo/operator.log" 2>&1 &
-echo $! > "$cluster/pids/demo-operator.pid"
-for _ in $(seq 100); do
-  curl -fsS "http://127.0.0.1:$probe_port/readyz" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-curl -fsS "http://127.0.0.1:$probe_port/readyz" >/dev/null || { tail -20 "$demo/operator.log"; exit 1; }
-
-step "creating DatabaseService demo (examples/databaseservice.yaml)"
-kubectl create namespace "$namespace" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl apply -n "$namespace" -f "$repo/examples/databaseservice.yaml"
-echo "defaults filled in by the mutating webhook:"
-kubectl get dbs demo -n "$namespace" -o jsonpath='  replicas={.spec.replicas} deletionPolicy={.spec.deletionPolicy} image={.spec.image} finalizers={.metadata.finalizers}{"\n"}'
-kubectl wait dbs/demo -n "$namespace" --for=jsonpath='{.status.phase}'=Running --timeout=120s
-kubectl get dbs -n "$namespace"
-echo
-kubectl get statefulset,service,secret,configmap,pvc,pods -n "$namespace" -l app.kubernetes.io/instance=demo
-echo
-echo "conditions:"
-kubectl get dbs demo -n "$namespace" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+  --namespace "$release_namespace" --reset-values \
+  --set image.repository="${image%:*}" --set image.tag="${image##*:}" --wait --timeout 300s >/dev/null
+kubectl -n "$release_namespace" get pods -o wide
+echo "Lease holder: $(kubectl -n "$release_namespace" get lease dbservice-operator-leader -o jsonpath='{.spec.holderIdentity}')"
 
 step "a bad DatabaseService is rejected at admission (examples/bad-databaseservice.yaml)"
+"$repo/tests/cluster/real-node.sh" namespace "$namespace"
 if kubectl apply -n "$namespace" -f "$repo/examples/bad-databaseservice.yaml"; then
   echo "unexpected: the bad object was admitted" >&2
   exit 1
 fi
 
-step "the ledger: dbservice-operator ledger demo -n $namespace"
-"$operator" ledger demo -n "$namespace"
+step "DatabaseService demo: PostgreSQL $REAL_NODE_POSTGRES_VERSION, a primary and a standby, on $REAL_NODE_STORAGE_CLASS volumes"
+kubectl apply -n "$namespace" -f - <<YAML
+apiVersion: dbservice.dev/v1
+kind: DatabaseService
+metadata:
+  name: demo
+spec:
+  version: "$REAL_NODE_POSTGRES_VERSION"
+  storageSize: 1Gi
+  databaseName: app
+  username: app_user
+  replicas: 2
+  storageClassName: $REAL_NODE_STORAGE_CLASS
+YAML
+echo "defaults filled in by the mutating webhook:"
+kubectl get dbs demo -n "$namespace" -o jsonpath='  deletionPolicy={.spec.deletionPolicy} image={.spec.image} finalizers={.metadata.finalizers}{"\n"}'
+started=$SECONDS
+kubectl wait dbs/demo -n "$namespace" --for=jsonpath='{.status.phase}'=Running --timeout=300s
+echo "Running after $((SECONDS - started)) s"
+kubectl get dbs -n "$namespace"
+echo
+kubectl get statefulset,service,secret,configmap,pvc,pods -n "$namespace" -l app.kubernetes.io/instance=demo -o wide
+
+step "psql through kubectl exec: a table on the primary, read back from the standby"
+kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
+  "create table if not exists greetings (said_at timestamptz default now(), text text); insert into greetings (text) values ('hello from the demo'); select version();"
+kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
+  "select application_name, state, sync_state from pg_stat_replication;"
+for _ in $(seq 30); do
+  kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -Atc \
+    "select 1 from greetings limit 1" 2>/dev/null | grep -q 1 && break
+  sleep 1
+done
+kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
+  "select pg_is_in_recovery() as standby, text from greetings;"
+
+step "the ledger (ConfigMap demo-ledger)"
+kubectl get configmap demo-ledger -n "$namespace" -o jsonpath='{.data.ledger\.jsonl}'
+echo
 
 cat <<EOF2
 
-The operator is still running (pid $(cat "$cluster/pids/demo-operator.pid"), log $demo/operator.log).
-Look around:
+Everything is still running. Look around:
   export KUBECONFIG=$KUBECONFIG PATH=$cluster/bin:\$PATH
-  kubectl get dbs -A                      # Phase, Ready, Version, Replicas, Age
-  kubectl describe dbs demo -n $namespace     # conditions and events
-  kubectl delete svc demo -n $namespace       # drift: the operator puts it back (see the ledger)
-  kubectl patch dbs demo -n $namespace --type merge -p '{"spec":{"replicas":2}}'
-  $operator ledger demo -n $namespace
-  curl -s http://127.0.0.1:$probe_port/metrics | grep dbservice_
-Stop everything (the operator too): make cluster-down
+  kubectl get dbs -A                                 # Phase, Ready, Version, Replicas, Age
+  kubectl describe dbs demo -n $namespace                # conditions and events
+  kubectl delete pod demo-0 -n $namespace                # the primary comes back on its volume
+  kubectl -n $release_namespace logs deploy/dbservice-operator
+  make cluster-status                                # the real node's processes
+Stop everything: make cluster-down
 EOF2

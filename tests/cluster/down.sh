@@ -48,6 +48,9 @@ if [ -d "$CLUSTER_DIR" ] && [ -z "${DBSERVICE_CLUSTER_LOCKED:-}" ]; then
   flock -w 600 9 || { log "another up.sh/down.sh holds $CLUSTER_DIR/lock"; exit 1; }
 fi
 
+# The real node first, while the apiserver still runs (its pods are stopped through it).
+if [ -d "$CLUSTER_DIR/real-node" ]; then "$here/real-node.sh" down; fi
+
 if [ -d "$PIDS" ]; then
   # Clients first, etcd last, so nothing logs a storm of connection errors while shutting down.
   for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$name"; done
@@ -60,3 +63,5 @@ fi
 
 rm -rf "$CLUSTER_DIR/run" "$CLUSTER_DIR/state.env" "$CLUSTER_DIR/kubeconfig"
 log "stopped; removed $CLUSTER_DIR/run"
+# Proof that the real node left nothing on the machine (processes, mounts, iptables, bridge, routes, netns).
+if [ -d "$CLUSTER_DIR/real-node" ]; then "$here/real-node.sh" check-clean; fi

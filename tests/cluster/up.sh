@@ -12,6 +12,7 @@
 #   .cluster/lock            flock held by up.sh/down.sh while they work
 #
 # Idempotent: a healthy running cluster is left alone; leftovers of a crashed one are cleaned first.
+# With DBSERVICE_REAL_NODE=1 (the default) it then starts one real node (real-node.sh).
 # Environment: DBSERVICE_CLUSTER_DIR (default <repo>/.cluster), DBSERVICE_KWOK_NODES (default 2),
 # DBSERVICE_START_TIMEOUT (seconds per component, default 120), DBSERVICE_CACHE (see versions.sh).
 set -euo pipefail
@@ -23,6 +24,8 @@ repo="$(cd "$here/../.." && pwd)"
 
 CLUSTER_DIR="${DBSERVICE_CLUSTER_DIR:-$repo/.cluster}"
 NODES="${DBSERVICE_KWOK_NODES:-2}"
+# 1: also start the real node (real-node.sh: kubelet, containerd, real pods); 0: kwok only.
+REAL_NODE="${DBSERVICE_REAL_NODE:-1}"
 TIMEOUT="${DBSERVICE_START_TIMEOUT:-120}"
 BIN="$CLUSTER_DIR/bin"
 PIDS="$CLUSTER_DIR/pids"
@@ -264,6 +267,9 @@ generate_pki() {
   new_cert scheduler "/CN=system:kube-scheduler" clientAuth
   # kwok writes node and pod status, leases and deletes pods: it gets cluster-admin like in kwokctl.
   new_cert kwok "/O=system:masters/CN=kwok" clientAuth
+  # The apiserver's identity towards kubelets (logs, exec); the real node's kubelet accepts only clients
+  # of this CA and asks the apiserver whether they may (bound to system:kubelet-api-admin).
+  new_cert apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" clientAuth
   # Front proxy (API aggregation / request-header authentication). Without it the controller-manager and
   # scheduler log "missing content for CA bundle ... requestheader-client-ca-file" over and over.
   new_ca front-proxy-ca dbservice-local-front-proxy-ca
@@ -376,6 +382,12 @@ launch_apiserver() {
   log "starting kube-apiserver $KUBERNETES_VERSION on https://127.0.0.1:$APISERVER_PORT"
   # --advertise-address: without it the apiserver looks for a default-route address.
   # --endpoint-reconciler-type=none: there is no real apiserver endpoint for the kubernetes Service.
+  # --kubelet-*: the real node's kubelet (real-node.sh) is reached by its InternalIP (its hostname does
+  #   not resolve), presents a certificate of our CA and accepts only clients of it.
+  # --enable-aggregator-routing: webhooks and aggregated APIs are called at their pod IPs, not through
+  #   the Service's ClusterIP, so the apiserver does not depend on kube-proxy's rules on this machine.
+  # PodNodeSelector, PodTolerationRestriction: a namespace annotated by `real-node.sh namespace` sends
+  #   all its pods to the real node, without test-only fields in the operator's pod template.
   start kube-apiserver "$K8S_DIR/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 \
@@ -399,6 +411,12 @@ launch_apiserver() {
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" \
     --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --allow-privileged=true \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$PKI/ca.crt" \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    --enable-aggregator-routing=true \
+    --enable-admission-plugins=PodNodeSelector,PodTolerationRestriction \
     --profiling=false
 }
 
@@ -526,7 +544,8 @@ main() {
       log "running, but fewer than $NODES Ready kwok nodes: re-applying nodes and StorageClasses"
       apply_objects
     fi
-    log "already running (https://127.0.0.1:$APISERVER_PORT); nothing to do"
+    if [ "$REAL_NODE" = 1 ]; then "$here/real-node.sh" up; fi
+    log "already running (https://127.0.0.1:$APISERVER_PORT)"
     log "export KUBECONFIG=$KUBECONFIG_FILE PATH=$BIN:\$PATH"
     return 0
   fi
@@ -553,6 +572,7 @@ main() {
   apply_objects
   wait_for kube-controller-manager "ServiceAccount default/default" kubectl -n default get serviceaccount default
   pvc_smoke_test
+  if [ "$REAL_NODE" = 1 ]; then "$here/real-node.sh" up; fi
 
   log "ready in $((SECONDS - t0))s: https://127.0.0.1:$APISERVER_PORT (Kubernetes $KUBERNETES_VERSION)"
   log "export KUBECONFIG=$KUBECONFIG_FILE PATH=$BIN:\$PATH"

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Dynamic provisioner of `local` PersistentVolumes for the real node (test infrastructure).
+
+For every claim of the StorageClass (WaitForFirstConsumer) that the scheduler placed on our node, it
+creates a directory and a `local` PV bound to that claim; for every PV of ours that is Released, it
+removes the directory and the PV. `local` volumes, unlike hostPath, get the pod's fsGroup applied by the
+kubelet, so a non-root PostgreSQL can write to them; and since volumes are made on demand and deleted after
+use, a long test run never exhausts a pool.
+
+It polls the API once a second (two LISTs) with the admin certificate; it runs as a host process started
+by real-node.sh and stops with SIGTERM.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+
+PROVISIONER = "dbservice.dev/real-node-local"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--ca", required=True)
+    parser.add_argument("--certificate", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--directory", required=True, help="where volume directories are made")
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--storage-class", required=True)
+    parser.add_argument("--interval", type=float, default=1.0)
+    arguments = parser.parse_args()
+
+    context = ssl.create_default_context(cafile=arguments.ca)
+    context.load_cert_chain(arguments.certificate, arguments.key)
+    api = Api(arguments.server, context)
+    directory = os.path.realpath(arguments.directory)
+    os.makedirs(directory, exist_ok=True)
+    running = [True]
+    signal.signal(signal.SIGTERM, lambda *_: running.__setitem__(0, False))
+    log(f"serving StorageClass {arguments.storage_class} on node {arguments.node} in {directory}")
+    while running[0]:
+        try:
+            provision(api, arguments, directory)
+            reclaim(api, directory)
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            log(f"pass failed (retrying): {error}")
+        time.sleep(arguments.interval)
+    return 0
+
+
+class Api:
+    def __init__(self, server: str, context: ssl.SSLContext):
+        self.server = server.rstrip("/")
+        self.context = context
+
+    def request(self, method: str, path: str, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.server + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, context=self.context, timeout=10) as response:
+            return json.loads(response.read() or b"{}")
+
+
+def provision(api: Api, arguments, directory: str) -> None:
+    claims = api.request("GET", "/api/v1/persistentvolumeclaims")["items"]
+    for claim in claims:
+        spec, metadata = claim["spec"], claim["metadata"]
+        annotations = metadata.get("annotations") or {}
+        if spec.get("storageClassName") != arguments.storage_class or spec.get("volumeName"):
+            continue
+        if annotations.get("volume.kubernetes.io/selected-node") != arguments.node:
+            continue
+        if metadata.get("deletionTimestamp"):
+            continue
+        name = "pvc-" + metadata["uid"]
+        path = os.path.join(directory, name)
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        size = spec["resources"]["requests"]["storage"]
+        volume = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": arguments.storage_class,
+                "volumeMode": spec.get("volumeMode") or "Filesystem",
+                "claimRef": {"namespace": metadata["namespace"], "name": metadata["name"], "uid": metadata["uid"]},
+                "local": {"path": path},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [arguments.node]}]}]}},
+            },
+        }
+        try:
+            api.request("POST", "/api/v1/persistentvolumes", volume)
+            log(f"provisioned {name} ({size}) for {metadata['namespace']}/{metadata['name']}")
+        except urllib.error.HTTPError as error:
+            if error.code != 409:  # already made in an earlier pass: the PV controller binds it
+                raise
+
+
+def reclaim(api: Api, directory: str) -> None:
+    volumes = api.request("GET", "/api/v1/persistentvolumes")["items"]
+    for volume in volumes:
+        metadata = volume["metadata"]
+        if (metadata.get("annotations") or {}).get("pv.kubernetes.io/provisioned-by") != PROVISIONER:
+            continue
+        if volume.get("status", {}).get("phase") not in ("Released", "Failed"):
+            continue
+        path = os.path.realpath(volume["spec"].get("local", {}).get("path", ""))
+        # Only ever remove a directory this provisioner made.
+        if os.path.dirname(path) == directory and re.fullmatch(r"pvc-[0-9a-f-]+", os.path.basename(path)):
+            shutil.rmtree(path, ignore_errors=True)
+        try:
+            api.request("DELETE", "/api/v1/persistentvolumes/" + metadata["name"])
+            log(f"deleted {metadata['name']}")
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
+
+
+def log(message: str) -> None:
+    print(time.strftime("%H:%M:%S ") + message, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+//! The real node, the chart installed in Deployment mode on it, namespaces whose pods run there, and
+//! short-lived psql client pods.
+
+use crate::support::operator::{helm, RELEASE, RELEASE_NAMESPACE};
+use crate::support::{admin_kubeconfig, client_for, eventually, kubectl, repository};
+use dbservice_operator::api::DatabaseService;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// What `real-node.sh up` recorded in .cluster/real-node.env, plus the operator image.
+#[derive(Debug)]
+pub struct RealNode {
+    /// Full PostgreSQL version of the local image, e.g. 15.18.
+    pub postgres_version: String,
+    /// The local PostgreSQL image (docker.io/library/postgres:<version>).
+    pub postgres_image: String,
+    /// StorageClass of the real node's volumes.
+    pub storage_class: String,
+    /// The operator image built from the Dockerfile (images.sh operator).
+    pub operator_image: String,
+}
+
+/// The real node, or None (skip) when there is none; under CI=true a missing node fails loudly.
+pub fn real_node_or_skip(test: &str) -> Option<&'static RealNode> {
+    static NODE: OnceLock<Option<RealNode>> = OnceLock::new();
+    let node = NODE.get_or_init(read_real_node).as_ref();
+    if node.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{test}: no real node (.cluster/real-node.env): run `make cluster-up image`; CI=true forbids skipping"
+        );
+        eprintln!("skipping {test}: no real node (run `make cluster-up image`)");
+    }
+    node
+}
+
+fn read_real_node() -> Option<RealNode> {
+    admin_kubeconfig()?;
+    let text = std::fs::read_to_string(repository().join(".cluster/real-node.env")).ok()?;
+    let values: HashMap<&str, &str> =
+        text.lines().filter(|line| !line.starts_with('#')).filter_map(|line| line.split_once('=')).collect();
+    let output = Command::new(repository().join("tests/cluster/images.sh")).arg("name").output().ok()?;
+    let operator_image = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let images = Command::new("ctr")
+        .args(["--address", "/run/dbservice-containerd/containerd.sock", "-n", "k8s.io", "images", "ls", "-q"])
+        .output()
+        .expect("ctr runs");
+    assert!(
+        String::from_utf8_lossy(&images.stdout).lines().any(|image| image == operator_image),
+        "the real node has no image {operator_image}: run `make image` (it builds the Dockerfile and imports it)"
+    );
+    Some(RealNode {
+        postgres_version: values.get("REAL_NODE_POSTGRES_VERSION")?.to_string(),
+        postgres_image: values.get("REAL_NODE_POSTGRES_IMAGE")?.to_string(),
+        storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
+        operator_image,
+    })
+}
+
+/// The admin client.
+pub async fn admin_client() -> Client {
+    client_for(&admin_kubeconfig().expect("cluster")).await
+}
+
+/// Runs tests/cluster/real-node.sh with the given arguments.
+pub fn real_node_script(arguments: &[&str]) {
+    let status = Command::new(repository().join("tests/cluster/real-node.sh")).args(arguments).status().unwrap();
+    assert!(status.success(), "real-node.sh {arguments:?} failed");
+}
+
+/// The chart as a user installs it, once per test binary: the operator Deployment with the local image
+/// (2 replicas), self-managed certificates, webhooks through the Service. Returns the install time.
+pub fn install_chart(node: &RealNode) -> Duration {
+    static INSTALLED: OnceLock<Duration> = OnceLock::new();
+    *INSTALLED.get_or_init(|| {
+        let started = Instant::now();
+        real_node_script(&["namespace", RELEASE_NAMESPACE]);
+        let (repository_name, tag) = node.operator_image.rsplit_once(':').expect("image has a tag");
+        let chart = repository().join("charts/dbservice-operator");
+        helm(&[
+            "upgrade",
+            "--install",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--reset-values",
+            "--set",
+            &format!("image.repository={repository_name}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--set",
+            "replicaCount=2",
+            "--wait",
+            "--timeout",
+            "300s",
+        ]);
+        kubectl(&["-n", RELEASE_NAMESPACE, "rollout", "status", "deployment", RELEASE, "--timeout=180s"]);
+        started.elapsed()
+    })
+}
+
+/// The running, not terminating operator pods of the chart, by name.
+pub fn operator_pods() -> Vec<String> {
+    let list: serde_json::Value = serde_json::from_str(&kubectl(&[
+        "-n",
+        RELEASE_NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=dbservice-operator",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null() && pod["status"]["phase"] == "Running")
+        .filter_map(|pod| pod["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The holder of the operator's Lease.
+pub fn lease_holder() -> String {
+    kubectl(&[
+        "-n",
+        RELEASE_NAMESPACE,
+        "get",
+        "lease",
+        &format!("{RELEASE}-leader"),
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])
+}
+
+static NAMESPACE_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A namespace whose pods all run on the real node; deleted when the test ends.
+pub struct RealNamespace {
+    /// Namespace name.
+    pub name: String,
+}
+
+impl RealNamespace {
+    /// Creates `real-<prefix>-<pid>-<n>` with the real node's scheduling annotations.
+    pub async fn create(client: &Client, prefix: &str) -> Self {
+        let name = format!("real-{prefix}-{}-{}", std::process::id(), NAMESPACE_COUNTER.fetch_add(1, Ordering::SeqCst));
+        real_node_script(&["namespace", &name]);
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+        eventually("the default ServiceAccount", Duration::from_secs(30), || async {
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        assert!(namespaces.get_opt(&name).await.unwrap().is_some());
+        Self { name }
+    }
+}
+
+impl Drop for RealNamespace {
+    fn drop(&mut self) {
+        let _ = Command::new(crate::support::tool("kubectl"))
+            .args(["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"])
+            .env("KUBECONFIG", admin_kubeconfig().unwrap_or_default())
+            .output();
+    }
+}
+
+/// A DatabaseService on the real node's storage.
+pub fn real_database(node: &RealNode, name: &str, replicas: i32, deletion_policy: &str) -> DatabaseService {
+    crate::support::database_from_yaml(&format!(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: {name}\nspec:\n  version: \"{}\"\n  \
+         storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  replicas: {replicas}\n  \
+         storageClassName: {}\n  deletionPolicy: {deletion_policy}\n",
+        node.postgres_version, node.storage_class
+    ))
+}
+
+/// Waits until the DatabaseService reports phase Running with `replicas` ready; returns the time taken.
+pub async fn wait_running(client: &Client, namespace: &str, name: &str, replicas: i32, timeout: Duration) -> Duration {
+    let started = Instant::now();
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
+    eventually(&format!("{namespace}/{name} Running with {replicas} ready"), timeout, || async {
+        let database = databases.get_opt(name).await.ok().flatten()?;
+        let status = database.status?;
+        (status.phase.map(|phase| phase.to_string()).as_deref() == Some("Running") && status.ready_replicas == replicas)
+            .then_some(())
+    })
+    .await;
+    started.elapsed()
+}
+
+/// Where a psql client pod connects.
+pub enum Target<'a> {
+    /// The Secret's `uri` (the primary Service).
+    Uri,
+    /// The given Service, with the Secret's user, password and database.
+    Service(&'a str),
+}
+
+static CLIENT_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `sql` with psql in a pod of `namespace` (credentials from the DatabaseService's Secret, never on a
+/// command line). Ok(output) when psql exits 0, Err(log) otherwise.
+pub async fn psql(
+    client: &Client,
+    node: &RealNode,
+    namespace: &str,
+    database: &str,
+    target: Target<'_>,
+    sql: &str,
+) -> Result<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let name = format!("psql-{}", CLIENT_COUNTER.fetch_add(1, Ordering::SeqCst));
+    let secret = format!("{database}-credentials");
+    let from_secret = |variable: &str, key: &str| serde_json::json!({"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});
+    let (mut command, mut environment) = match target {
+        Target::Uri => (vec!["psql".to_string(), "$(DATABASE_URI)".into()], vec![from_secret("DATABASE_URI", "uri")]),
+        Target::Service(service) => (
+            vec!["psql".to_string(), "-h".into(), format!("{service}.{namespace}.svc")],
+            vec![
+                from_secret("PGUSER", "username"),
+                from_secret("PGPASSWORD", "password"),
+                from_secret("PGDATABASE", "database"),
+            ],
+        ),
+    };
+    command.extend(["-X", "-v", "ON_ERROR_STOP=1", "-Atc", sql].map(String::from));
+    environment.push(serde_json::json!({"name": "PGCONNECT_TIMEOUT", "value": "5"}));
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 999},
+            "containers": [{"name": "psql", "image": node.postgres_image, "command": command, "env": environment}],
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.expect("client pod created");
+    let phase = eventually(&format!("client pod {namespace}/{name} to finish"), Duration::from_secs(90), || async {
+        let phase = pods.get_opt(&name).await.ok().flatten()?.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+    })
+    .await;
+    let output = kubectl(&["-n", namespace, "logs", &name]);
+    let _ = pods.delete(&name, &DeleteParams::default()).await;
+    if phase == "Succeeded" {
+        Ok(output)
+    } else {
+        Err(output)
+    }
+}
+
+/// Runs `sql` with psql inside instance `pod` over the local socket (for server-side views such as
+/// pg_stat_replication).
+pub fn psql_in_instance(namespace: &str, pod: &str, sql: &str) -> String {
+    kubectl(&[
+        "-n",
+        namespace,
+        "exec",
+        pod,
+        "-c",
+        "postgres",
+        "--",
+        "psql",
+        "-X",
+        "-h",
+        "/var/run/postgresql",
+        "-U",
+        "app_user",
+        "-d",
+        "app",
+        "-Atc",
+        sql,
+    ])
+}
+
+/// The DatabaseService's password, for the checks that it appears nowhere it must not.
+pub async fn password_of(client: &Client, namespace: &str, database: &str) -> String {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = secrets.get(&format!("{database}-credentials")).await.expect("credentials Secret");
+    let bytes = secret.data.expect("data").remove("password").expect("password key").0;
+    String::from_utf8(bytes).expect("password is UTF-8")
+}
