@@ -27,6 +27,7 @@ POSTGRES_IMAGE="docker.io/library/postgres:${POSTGRES_VERSION:-15}"
 RUST_VERSION="$(rustc --version 2>/dev/null | awk '{print $2}')"
 BUILDER_BASE="localhost/dbservice-rust-builder:${RUST_VERSION:-1}-bookworm"
 RUNTIME_BASE="localhost/dbservice-runtime-base:nonroot"
+BUSYBOX_IMAGE="localhost/busybox:test"
 # The operator image's tag is the hash of everything the Dockerfile copies: a changed source is a new tag,
 # so `helm upgrade` rolls the Deployment, and an unchanged tree is not rebuilt.
 operator_tag() {
@@ -54,6 +55,24 @@ copy_with_libraries() {
   for file in "$@"; do mkdir -p "$root$(dirname "$file")"; cp -L "$file" "$root$file"; done
   for file in "$@"; do ldd "$file" 2>/dev/null || true; done | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | sort -u |
     while read -r library; do mkdir -p "$root$(dirname "$library")"; cp -L "$library" "$root$library"; done
+}
+
+# busybox for the node's own tests (DNS, routes, reachability from inside a pod).
+busybox_image() {
+  local archive context command
+  archive="$IMAGE_CACHE/busybox-$(recipe_hash).tar"
+  [ -s "$archive" ] && return 0
+  rm -f "$IMAGE_CACHE"/busybox-*.tar
+  context="$(mktemp -d)"
+  mkdir -p "$context/rootfs/bin" "$context/rootfs/etc" "$context/rootfs/tmp"
+  cp /bin/busybox "$context/rootfs/bin/busybox"
+  for command in sh ls cat echo sleep ip nslookup wget nc id env; do ln -s busybox "$context/rootfs/bin/$command"; done
+  printf 'root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$context/rootfs/etc/passwd"
+  printf 'FROM scratch\nCOPY rootfs/ /\nCMD ["/bin/sh"]\n' >"$context/Containerfile"
+  buildah bud -q --layers=false -f "$context/Containerfile" -t "$BUSYBOX_IMAGE" "$context" >/dev/null
+  save "$BUSYBOX_IMAGE" "$archive"
+  rm -rf "$context"
+  log "built $BUSYBOX_IMAGE ($(du -h "$archive" | cut -f1))"
 }
 
 pause_image() {
@@ -211,7 +230,7 @@ check_operator_image() {
 
 mkdir -p "$IMAGE_CACHE"
 case "${1:-}" in
-  node) pause_image; postgres_image ;;
+  node) pause_image; postgres_image; busybox_image ;;
   bases) builder_base; runtime_base ;;
   operator) operator_image ;;
   name) echo "$OPERATOR_IMAGE" ;;

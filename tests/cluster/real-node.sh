@@ -251,7 +251,7 @@ EOF
 
 import_images() {
   local archive
-  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/postgres-*.tar; do
+  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/postgres-*.tar "$IMAGE_CACHE"/busybox-*.tar; do
     ctr_ images import "$archive" >/dev/null
   done
   if [ -s "$IMAGE_CACHE/operator.tar" ]; then ctr_ images import "$IMAGE_CACHE/operator.tar" >/dev/null; fi
@@ -413,7 +413,8 @@ REAL_NODE=$NODE
 REAL_NODE_STORAGE_CLASS=$STORAGE_CLASS
 REAL_NODE_POSTGRES_VERSION=$POSTGRES_VERSION
 REAL_NODE_POSTGRES_IMAGE=$POSTGRES_IMAGE
-REAL_NODE_OPERATOR_IMAGE=$OPERATOR_IMAGE
+REAL_NODE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
+REAL_NODE_ADDRESS=$(node_ip)
 EOF
 }
 

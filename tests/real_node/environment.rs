@@ -24,6 +24,10 @@ pub struct RealNode {
     pub storage_class: String,
     /// The operator image built from the Dockerfile (images.sh operator).
     pub operator_image: String,
+    /// A busybox image for the node's own checks.
+    pub busybox_image: String,
+    /// The node's InternalIP (where the kubelet API listens).
+    pub address: String,
 }
 
 /// The real node, or None (skip) when there is none; under CI=true a missing node fails loudly.
@@ -60,6 +64,8 @@ fn read_real_node() -> Option<RealNode> {
         postgres_image: values.get("REAL_NODE_POSTGRES_IMAGE")?.to_string(),
         storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
         operator_image,
+        busybox_image: values.get("REAL_NODE_BUSYBOX_IMAGE")?.to_string(),
+        address: values.get("REAL_NODE_ADDRESS")?.to_string(),
     })
 }
 

@@ -9,6 +9,7 @@
 //! one after the other, so it never overlaps the kwok suite (tests/e2e), which uses URL mode.
 
 mod environment;
+mod node;
 mod operator;
 mod postgres;
 #[allow(dead_code)]
