@@ -212,8 +212,8 @@ operator_image() {
 # The shipped stage is what users get: a static binary, uid 65532, no shell, no package manager.
 check_operator_image() {
   local config size container mount_point shell
-  config="$(buildah inspect --type image --format '{{.OCIv1.Config.User}} {{json .OCIv1.Config.Entrypoint}}' "$OPERATOR_IMAGE")"
-  [ "$config" = '65532:65532 ["/usr/local/bin/dbservice-operator"]' ] || die "unexpected user/entrypoint: $config"
+  config="$(buildah inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$OPERATOR_IMAGE")"
+  [ "$config" = '65532:65532 [/usr/local/bin/dbservice-operator]' ] || die "unexpected user/entrypoint: $config"
   container="$(buildah from -q "$OPERATOR_IMAGE")"
   mount_point="$(buildah mount "$container")"
   local problem=""
