@@ -134,6 +134,12 @@ pub fn operator_pods() -> Vec<String> {
         .collect()
 }
 
+/// Tests that need the operator pods to stay put read-lock this; the test that restarts them write-locks it.
+pub fn operator_pods_lock() -> &'static tokio::sync::RwLock<()> {
+    static LOCK: OnceLock<tokio::sync::RwLock<()>> = OnceLock::new();
+    LOCK.get_or_init(|| tokio::sync::RwLock::new(()))
+}
+
 /// The holder of the operator's Lease.
 pub fn lease_holder() -> String {
     kubectl(&[
@@ -239,7 +245,7 @@ pub async fn psql(
             ],
         ),
     };
-    command.extend(["-X", "-v", "ON_ERROR_STOP=1", "-Atc", sql].map(String::from));
+    command.extend(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-Atc", sql].map(String::from));
     environment.push(serde_json::json!({"name": "PGCONNECT_TIMEOUT", "value": "5"}));
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},

@@ -1,7 +1,9 @@
 //! The operator as users run it: its image in a Deployment installed by the chart, self-managed
 //! certificates, admission through the in-cluster Service, and restarts that lose no admission.
 
-use crate::environment::{admin_client, install_chart, lease_holder, operator_pods, real_node_or_skip};
+use crate::environment::{
+    admin_client, install_chart, lease_holder, operator_pods, operator_pods_lock, real_node_or_skip,
+};
 use crate::support::operator::{RELEASE, RELEASE_NAMESPACE};
 use crate::support::{eventually, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::DatabaseService;
@@ -23,6 +25,7 @@ async fn chart_installs_the_image_and_its_webhooks_answer_through_the_service() 
         took.as_secs_f64()
     );
     let client = admin_client().await;
+    let _pods_stay = operator_pods_lock().read().await;
 
     // Two Ready pods of the image, one Lease holder among them.
     let pods = eventually("2 operator pods running", Duration::from_secs(120), || async {
@@ -46,8 +49,20 @@ async fn chart_installs_the_image_and_its_webhooks_answer_through_the_service() 
         pods.contains(&holder).then_some(holder)
     })
     .await;
-    let leaders: Vec<_> = pods.iter().filter(|pod| leader_metric(pod) == Some(1.0)).collect();
-    assert_eq!(leaders, vec![&holder], "exactly the Lease holder leads");
+    // The holder's metric follows its Lease within a renewal.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics: Vec<_> = pods.iter().map(|pod| (pod.clone(), leader_metric(pod))).collect();
+        let leaders: Vec<_> = metrics.iter().filter(|(_, metric)| *metric == Some(1.0)).map(|(pod, _)| pod).collect();
+        if leaders == vec![&holder] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exactly the Lease holder {holder} must lead; dbservice_leader: {metrics:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 
     // Self-managed certificates: the operator made a CA and patched the webhook configurations with it.
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
@@ -89,6 +104,7 @@ async fn operator_restarts_lose_no_admission_and_the_lease_moves() {
     };
     install_chart(node);
     let client = admin_client().await;
+    let _pods_move = operator_pods_lock().write().await;
     let namespace = TestNamespace::create(&client, "real-restarts").await;
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     eventually("2 operator pods and a holder", Duration::from_secs(120), || async {

@@ -49,7 +49,10 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 pub fn metric_sum(metrics: &str, name: &str, filters: &[&str]) -> f64 {
     metrics
         .lines()
-        .filter(|line| !line.starts_with('#') && line.starts_with(name))
+        // The exact sample name: `dbservice_leader` must not also count `dbservice_leadership_changes_total`.
+        .filter(|line| {
+            !line.starts_with('#') && line.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
         .filter(|line| filters.iter().all(|filter| line.contains(filter)))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
