@@ -54,7 +54,8 @@ pub struct InstanceReport {
     pub wal_receiver: bool,
     /// PostgreSQL answers queries.
     pub postgres_ready: bool,
-    /// The agent stopped PostgreSQL on purpose (by hand, or self-fencing).
+    /// A person fenced the instance (the agent keeps PostgreSQL stopped). Self-fencing is not
+    /// reported here: a primary that fenced itself is unhealthy and is failed over.
     pub fenced: bool,
     /// The data volume is full: failing over would not help.
     pub disk_full: bool,

@@ -1,0 +1,172 @@
+//! Turning a data directory into a standby of another instance: standby configuration,
+//! pg_rewind of a former primary, and a fresh clone when rewinding is impossible. The previous
+//! data directory is moved aside, never deleted.
+
+use super::{InstanceConfig, Upstream};
+use crate::failover::Lsn;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Preparing a standby failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StandbyError {
+    /// A PostgreSQL tool could not run or failed.
+    #[error("{tool} failed: {detail}")]
+    Tool {
+        /// pg_rewind, pg_basebackup or pg_controldata.
+        tool: &'static str,
+        /// Its exit status and last output line.
+        detail: String,
+    },
+    /// Writing the configuration or moving the directory failed.
+    #[error("prepare data directory {path}: {source}")]
+    Files {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn files(path: &Path) -> impl FnOnce(std::io::Error) -> StandbyError + '_ {
+    move |source| StandbyError::Files { path: path.to_path_buf(), source }
+}
+
+/// Quotes a libpq conninfo value: `'value'` with `\` and `'` backslash-escaped.
+fn conninfo_value(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// Conninfo to stream from (or rewind from) `upstream`, with the password when `with_password`
+/// (the configuration file needs it; tools get it through PGPASSWORD instead of argv).
+pub fn conninfo(config: &InstanceConfig, upstream: &Upstream, with_password: bool) -> String {
+    let mut parts = vec![
+        format!("host={}", conninfo_value(&upstream.host)),
+        format!("port={}", upstream.port),
+        format!("user={}", conninfo_value(&config.replication_user)),
+        format!("application_name={}", conninfo_value(&config.name)),
+        "connect_timeout=5".to_string(),
+    ];
+    if with_password {
+        parts.push(format!("password={}", conninfo_value(&config.replication_password)));
+    }
+    parts.join(" ")
+}
+
+/// Writes standby.signal and `primary_conninfo` (empty when `upstream` is None) into
+/// postgresql.auto.conf, replacing any earlier value; the file stays private (0600).
+pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>) -> Result<(), StandbyError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let auto = config.pgdata.join("postgresql.auto.conf");
+    let existing = std::fs::read_to_string(&auto).unwrap_or_default();
+    let mut text: String = existing
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("primary_conninfo"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let value = upstream.map(|upstream| conninfo(config, upstream, true)).unwrap_or_default();
+    text.push_str(&format!("primary_conninfo = '{}'\n", value.replace('\\', "\\\\").replace('\'', "''")));
+    let temporary = config.pgdata.join("postgresql.auto.conf.dbservice.tmp");
+    {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)
+            .map_err(files(&temporary))?;
+        file.write_all(text.as_bytes()).map_err(files(&temporary))?;
+    }
+    std::fs::rename(&temporary, &auto).map_err(files(&auto))?;
+    let signal = config.pgdata.join("standby.signal");
+    std::fs::write(&signal, b"").map_err(files(&signal))?;
+    config.chown(&[&auto, &signal]);
+    Ok(())
+}
+
+async fn run_tool(config: &InstanceConfig, tool: &'static str, args: &[String], limit: Duration) -> Result<String, StandbyError> {
+    let mut command = Command::new(config.pg_bin.join(tool));
+    command
+        .args(args)
+        .env("PGPASSWORD", &config.replication_password)
+        .env("PGCONNECT_TIMEOUT", "5")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Some((uid, gid)) = config.os_user {
+        command.uid(uid).gid(gid);
+    }
+    let output = tokio::time::timeout(limit, command.output())
+        .await
+        .map_err(|_| StandbyError::Tool { tool, detail: format!("no result within {limit:?}") })?
+        .map_err(|error| StandbyError::Tool { tool, detail: error.to_string() })?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        return Ok(stdout + &String::from_utf8_lossy(&output.stderr));
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("").to_string();
+    Err(StandbyError::Tool { tool, detail: format!("{}: {last}", output.status) })
+}
+
+/// The latest checkpoint of a stopped data directory and whether it was shut down cleanly.
+pub async fn shutdown_checkpoint(config: &InstanceConfig) -> Result<(Lsn, bool), StandbyError> {
+    let args = ["-D".to_string(), config.pgdata.display().to_string()];
+    let out = run_tool(config, "pg_controldata", &args, Duration::from_secs(30)).await?;
+    let field = |name: &str| {
+        out.lines().find_map(|line| line.strip_prefix(name).map(|rest| rest.trim_start_matches(':').trim().to_string()))
+    };
+    let detail = |what: &str| StandbyError::Tool { tool: "pg_controldata", detail: format!("no {what} in its output") };
+    let location = field("Latest checkpoint location").ok_or_else(|| detail("checkpoint location"))?;
+    let lsn = location.parse().map_err(|_| detail("valid checkpoint location"))?;
+    let state = field("Database cluster state").ok_or_else(|| detail("cluster state"))?;
+    Ok((lsn, state == "shut down"))
+}
+
+/// Rewinds a stopped former primary onto `upstream`'s timeline. Returns pg_rewind's output.
+pub async fn rewind(config: &InstanceConfig, upstream: &Upstream) -> Result<String, StandbyError> {
+    let args = [
+        format!("--target-pgdata={}", config.pgdata.display()),
+        format!("--source-server={}", conninfo(config, upstream, false)),
+    ];
+    run_tool(config, "pg_rewind", &args, Duration::from_secs(600)).await
+}
+
+/// Clones `upstream` into the data directory with pg_basebackup (the data directory's parent must
+/// be writable by the server's user); an existing directory is moved
+/// aside to `<pgdata>.replaced-<unix time>` first (never deleted: it may hold the only copy of
+/// commits that did not reach the new primary).
+pub async fn clone_from(config: &InstanceConfig, upstream: &Upstream) -> Result<Option<PathBuf>, StandbyError> {
+    let pgdata = &config.pgdata;
+    let mut moved = None;
+    if pgdata.exists() && std::fs::read_dir(pgdata).map_err(files(pgdata))?.next().is_some() {
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let aside = PathBuf::from(format!("{}.replaced-{stamp}", pgdata.display()));
+        std::fs::rename(pgdata, &aside).map_err(files(pgdata))?;
+        moved = Some(aside);
+    }
+    let staging = PathBuf::from(format!("{}.clone", pgdata.display()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(files(&staging))?;
+    }
+    let args = [
+        "-D".to_string(),
+        staging.display().to_string(),
+        "-X".to_string(),
+        "stream".to_string(),
+        "--checkpoint=fast".to_string(),
+        "-d".to_string(),
+        conninfo(config, upstream, false),
+    ];
+    run_tool(config, "pg_basebackup", &args, Duration::from_secs(3600)).await?;
+    if pgdata.exists() {
+        std::fs::remove_dir(pgdata).map_err(files(pgdata))?;
+    }
+    std::fs::rename(&staging, pgdata).map_err(files(pgdata))?;
+    write_standby_config(config, Some(upstream))?;
+    Ok(moved)
+}
