@@ -47,6 +47,8 @@ pub fn conninfo(config: &InstanceConfig, upstream: &Upstream, with_password: boo
         format!("port={}", upstream.port),
         format!("user={}", conninfo_value(&config.replication_user)),
         format!("application_name={}", conninfo_value(&config.name)),
+        // pg_rewind connects to a database (streaming and pg_basebackup ignore it).
+        "dbname=postgres".to_string(),
         "connect_timeout=5".to_string(),
     ];
     if with_password {
