@@ -401,6 +401,7 @@ impl<C: ControlPlane> Agent<C> {
     }
 
     fn start(&mut self, role: Role, upstream: Option<&Upstream>) -> Result<(), AgentError> {
+        standby::write_required_settings(&self.config)?;
         self.postgres.start()?;
         self.role = Some(role);
         self.upstream_set = match role {

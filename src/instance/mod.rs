@@ -40,7 +40,7 @@ pub struct InstanceConfig {
     pub replication_user: String,
     /// Its password (environment only; never on a command line or in a log).
     pub replication_password: String,
-    /// Extra server settings (name, value).
+    /// Extra server settings (name, value), written into postgresql.auto.conf before every start.
     pub settings: Vec<(String, String)>,
     /// File PostgreSQL's output is appended to.
     pub log_file: PathBuf,

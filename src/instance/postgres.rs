@@ -85,12 +85,22 @@ fn lsn(text: Option<String>) -> Result<Option<Lsn>, PostgresError> {
         .transpose()
 }
 
-/// Sends `signal` to the process group `group` (PostgreSQL and its children).
-pub fn signal_group(group: u32, signal: i32) {
-    let Ok(group) = i32::try_from(group) else { return };
-    // SAFETY: kill(2) with a negative pid only sends a signal; no memory is shared.
-    unsafe {
-        libc::kill(-group, signal);
+/// Sends `signal` to a postmaster and to each of its children. (Every PostgreSQL child calls
+/// setsid(), so signalling the postmaster's process group would reach the postmaster alone.)
+pub fn signal_server(postmaster: u32, signal: i32) {
+    let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        // pid (comm) state ppid ...: comm may contain spaces, so split after the last ')'.
+        let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        (parent == postmaster).then_some(pid)
+    });
+    for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
+        let Ok(pid) = i32::try_from(pid) else { continue };
+        // SAFETY: kill(2) only sends a signal; no memory is shared.
+        unsafe {
+            libc::kill(pid, signal);
+        }
     }
 }
 
@@ -128,21 +138,10 @@ impl Postgres {
             .map_err(PostgresError::Start)?;
         let mut command = Command::new(config.pg_bin.join("postgres"));
         command.arg("-D").arg(&config.pgdata).arg("-p").arg(config.port.to_string());
-        let socket_dir = config.socket_dir.display().to_string();
-        let settings = [
-            ("listen_addresses", config.listen_addresses.as_str()),
-            ("unix_socket_directories", socket_dir.as_str()),
-            ("wal_level", "replica"),
-            ("hot_standby", "on"),
-            // pg_rewind needs hint bits logged; a crashed primary is restarted by the agent, which
-            // first checks that it still holds the lease.
-            ("wal_log_hints", "on"),
-            ("restart_after_crash", "off"),
-        ];
-        for (name, value) in settings.iter().copied().chain(config.settings.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-        {
-            command.arg("-c").arg(format!("{name}={value}"));
-        }
+        // Server settings live in postgresql.auto.conf (standby::write_required_settings); only
+        // where this server listens is given here.
+        command.arg("-c").arg(format!("listen_addresses={}", config.listen_addresses));
+        command.arg("-c").arg(format!("unix_socket_directories={}", config.socket_dir.display()));
         command
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(PostgresError::Start)?)
@@ -237,6 +236,10 @@ impl Postgres {
             .await
             .map_err(|_| PostgresError::Timeout(timeout))??;
         if promoted.try_get::<_, bool>(0)? {
+            // pg_rewind reads the new timeline from the source's pg_control, which only the first
+            // checkpoint after promotion updates: without it, it would take the old primary for
+            // being on the same timeline and skip a needed rewind.
+            client.batch_execute("CHECKPOINT").await?;
             Ok(())
         } else {
             Err(PostgresError::Answer("pg_promote returned false".into()))
@@ -264,8 +267,8 @@ impl Postgres {
         let _ = self.bounded(async |client| client.batch_execute("CHECKPOINT").await).await;
     }
 
-    /// Stops the server: fast shutdown, immediate after `grace`, SIGKILL to the whole process
-    /// group after another `grace`. True when the fast shutdown completed (a clean stop).
+    /// Stops the server: fast shutdown, immediate after `grace`, SIGKILL to every process of the
+    /// server after another `grace`. True when the fast shutdown completed (a clean stop).
     pub async fn stop(&mut self, grace: Duration) -> bool {
         self.client = None;
         let Some(pid) = self.pid() else {
@@ -273,7 +276,7 @@ impl Postgres {
             return false;
         };
         for (signal, clean) in [(libc::SIGINT, true), (libc::SIGQUIT, false)] {
-            signal_group_leader(pid, signal);
+            signal_postmaster(pid, signal);
             if self.wait_exit(grace).await {
                 return clean;
             }
@@ -282,11 +285,11 @@ impl Postgres {
         false
     }
 
-    /// SIGKILL to the server's whole process group (works on a stopped, hung server too).
+    /// SIGKILL to the postmaster and every child (works on a stopped, hung server too).
     pub async fn kill(&mut self) {
         self.client = None;
         if let Some(pid) = self.pid() {
-            signal_group(pid, libc::SIGKILL);
+            signal_server(pid, libc::SIGKILL);
             self.wait_exit(Duration::from_secs(10)).await;
         }
         self.child = None;
@@ -304,7 +307,7 @@ impl Postgres {
     }
 }
 
-fn signal_group_leader(pid: u32, signal: i32) {
+fn signal_postmaster(pid: u32, signal: i32) {
     let Ok(pid) = i32::try_from(pid) else { return };
     // SAFETY: kill(2) only sends a signal.
     unsafe {

@@ -57,19 +57,42 @@ pub fn conninfo(config: &InstanceConfig, upstream: &Upstream, with_password: boo
     parts.join(" ")
 }
 
-/// Writes standby.signal and `primary_conninfo` (empty when `upstream` is None) into
-/// postgresql.auto.conf, replacing any earlier value; the file stays private (0600).
-pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>) -> Result<(), StandbyError> {
+/// Settings failover relies on. They are written into postgresql.auto.conf rather than passed
+/// as `-c` flags, because pg_rewind's single-user crash recovery of a killed primary reads only the
+/// configuration files: it would record wal_log_hints=off in pg_control (after which pg_rewind
+/// refuses the directory) and recycle the WAL that wal_keep_size should have kept (after which
+/// pg_rewind cannot find the last common checkpoint).
+const REQUIRED_SETTINGS: &[(&str, &str)] = &[
+    ("wal_level", "replica"),
+    ("hot_standby", "on"),
+    ("wal_log_hints", "on"),
+    // A crashed primary is restarted by the agent, which first checks that it still holds the lease.
+    ("restart_after_crash", "off"),
+];
+
+fn persistent_settings(config: &InstanceConfig) -> Vec<(&str, String)> {
+    REQUIRED_SETTINGS
+        .iter()
+        .map(|(name, value)| (*name, value.to_string()))
+        .chain(config.settings.iter().map(|(name, value)| (name.as_str(), value.clone())))
+        .collect()
+}
+
+/// Sets `settings` in postgresql.auto.conf (replacing earlier values of the same names); the file
+/// stays private (0600), as it may hold a password.
+pub fn set_auto_conf(config: &InstanceConfig, settings: &[(&str, String)]) -> Result<(), StandbyError> {
     use std::os::unix::fs::OpenOptionsExt;
     let auto = config.pgdata.join("postgresql.auto.conf");
     let existing = std::fs::read_to_string(&auto).unwrap_or_default();
+    let name_of = |line: &str| line.split('=').next().unwrap_or("").trim().to_string();
     let mut text: String = existing
         .lines()
-        .filter(|line| !line.trim_start().starts_with("primary_conninfo"))
+        .filter(|line| !settings.iter().any(|(name, _)| name_of(line) == *name))
         .map(|line| format!("{line}\n"))
         .collect();
-    let value = upstream.map(|upstream| conninfo(config, upstream, true)).unwrap_or_default();
-    text.push_str(&format!("primary_conninfo = '{}'\n", value.replace('\\', "\\\\").replace('\'', "''")));
+    for (name, value) in settings {
+        text.push_str(&format!("{name} = '{}'\n", value.replace('\\', "\\\\").replace('\'', "''")));
+    }
     let temporary = config.pgdata.join("postgresql.auto.conf.dbservice.tmp");
     {
         use std::io::Write;
@@ -83,9 +106,26 @@ pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>
         file.write_all(text.as_bytes()).map_err(files(&temporary))?;
     }
     std::fs::rename(&temporary, &auto).map_err(files(&auto))?;
+    config.chown(&[&auto]);
+    Ok(())
+}
+
+/// Writes the required settings and the configured ones into the data directory (before every
+/// start and rewind).
+pub fn write_required_settings(config: &InstanceConfig) -> Result<(), StandbyError> {
+    set_auto_conf(config, &persistent_settings(config))
+}
+
+/// Writes standby.signal and `primary_conninfo` (empty when `upstream` is None), plus the
+/// required settings.
+pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>) -> Result<(), StandbyError> {
+    let value = upstream.map(|upstream| conninfo(config, upstream, true)).unwrap_or_default();
+    let mut settings = persistent_settings(config);
+    settings.push(("primary_conninfo", value));
+    set_auto_conf(config, &settings)?;
     let signal = config.pgdata.join("standby.signal");
     std::fs::write(&signal, b"").map_err(files(&signal))?;
-    config.chown(&[&auto, &signal]);
+    config.chown(&[&signal]);
     Ok(())
 }
 
@@ -131,6 +171,7 @@ pub async fn shutdown_checkpoint(config: &InstanceConfig) -> Result<(Lsn, bool),
 
 /// Rewinds a stopped former primary onto `upstream`'s timeline. Returns pg_rewind's output.
 pub async fn rewind(config: &InstanceConfig, upstream: &Upstream) -> Result<String, StandbyError> {
+    write_required_settings(config)?;
     let args = [
         format!("--target-pgdata={}", config.pgdata.display()),
         format!("--source-server={}", conninfo(config, upstream, false)),

@@ -186,13 +186,10 @@ pub fn postmaster_alive(pgdata: &Path) -> bool {
     postmaster_pid(pgdata).is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
 }
 
-/// Sends `signal` to the postmaster's process group (the agent starts it as a group leader).
+/// Sends `signal` to the postmaster of `pgdata` and all its children (SIGSTOP: the whole server hangs).
 pub fn signal_postgres(pgdata: &Path, signal: i32) {
     let pid = postmaster_pid(pgdata).expect("postmaster.pid");
-    // SAFETY: kill(2) only sends a signal.
-    unsafe {
-        libc::kill(-pid, signal);
-    }
+    dbservice_operator::instance::postgres::signal_server(pid as u32, signal);
 }
 
 /// One operator pass over the world, like a reconcile triggered by a watch event.
@@ -296,7 +293,8 @@ impl Cluster {
                 superuser: SUPERUSER.into(),
                 replication_user: SUPERUSER.into(),
                 replication_password: PASSWORD.into(),
-                settings: vec![("shared_buffers".into(), "16MB".into()), ("fsync".into(), "on".into())],
+                // As the pod scripts set it: keeps the WAL pg_rewind reads back to the last common checkpoint.
+                settings: vec![("shared_buffers".into(), "16MB".into()), ("wal_keep_size".into(), "256MB".into())],
                 log_file: base.join("postgres.log"),
                 os_user: owner,
                 health_timeout: Duration::from_secs(1),
