@@ -79,11 +79,18 @@ async fn switchover_under_writes_loses_no_acknowledged_commit_and_the_old_primar
     assert_eq!(cluster.scalar(new_port, "SELECT pg_is_in_recovery()::text").await, "false");
     let changes = primary_changes(&cluster);
     assert_eq!(changes.len(), 1, "{changes:?}");
-    assert_eq!((changes[0].0, changes[0].1.as_str(), changes[0].2.as_str()), (TransitionKind::Switchover, "db-0", "db-1"));
+    assert_eq!(
+        (changes[0].0, changes[0].1.as_str(), changes[0].2.as_str()),
+        (TransitionKind::Switchover, "db-0", "db-1")
+    );
     assert_eq!(changes[0].3, 2);
 
     cluster.assert_follows("db-0", "db-1").await;
-    assert_eq!(cluster.replaced_directories("db-0"), Vec::<std::path::PathBuf>::new(), "rejoined by pg_rewind, not a clone");
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
     eprintln!(
         "FIGURES switchover: {:.2} s from request to the first commit on the new primary \
          (operator saw the promotion after {:.2} s); {} acknowledged commits, 0 lost",
@@ -122,7 +129,11 @@ async fn failover_when_the_primary_pod_is_killed_and_the_old_primary_is_rewound(
     cluster.recreate_pod("db-0");
     cluster.assert_follows("db-0", "db-1").await;
     assert_eq!(timeline(&cluster, "db-0").await, 2, "the old primary follows the new timeline");
-    assert_eq!(cluster.replaced_directories("db-0"), Vec::<std::path::PathBuf>::new(), "rejoined by pg_rewind, not a clone");
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
     eprintln!(
         "FIGURES failover (pod killed): {:.2} s from SIGKILL to the first commit on the new primary; \
          {} acknowledged, {lost} lost (asynchronous replication)",
@@ -156,7 +167,11 @@ async fn failover_when_the_primary_hangs_fences_it_and_it_rejoins() {
 
     // The hung server was killed by its own agent, which then rewinds it into a standby.
     cluster.assert_follows("db-0", "db-1").await;
-    assert_eq!(cluster.replaced_directories("db-0"), Vec::<std::path::PathBuf>::new(), "rejoined by pg_rewind, not a clone");
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
     eprintln!(
         "FIGURES failover (primary hung by SIGSTOP): {:.2} s to the first commit on the new primary; \
          {} acknowledged, {lost} lost (asynchronous replication)",
@@ -217,13 +232,14 @@ async fn steady_state_writes_only_lease_renewals() {
     };
     let window = Duration::from_secs(5);
     tokio::time::sleep(window).await;
-    let world = cluster.world.lock().unwrap();
-    let renewals = world.lease_writes - before.0;
+    let (renewals, reports) = {
+        let world = cluster.world.lock().unwrap();
+        (world.lease_writes - before.0, world.reports.clone())
+    };
     let expected = window.as_secs_f64() / cluster.timings.renew_period.as_secs_f64();
     assert!((renewals as f64) <= expected + 1.0, "{renewals} lease writes in {window:?}");
     assert!(renewals >= 1, "the primary must renew its lease");
-    assert_eq!(world.reports, before.1, "reports are republished only on change, even under writes");
-    drop(world);
+    assert_eq!(reports, before.1, "reports are republished only on change, even under writes");
     eprintln!("FIGURES steady state: {renewals} lease writes in {window:?}, no report writes, while committing");
     cluster.shutdown().await;
 }

@@ -217,7 +217,11 @@ impl<C: ControlPlane> Agent<C> {
     }
 
     /// Writes this instance as holder, with its position, if nobody else holds the Lease.
-    async fn write_lease(&mut self, position: Option<Lsn>, timeline: Option<u32>) -> Result<LeaseWrite, ControlPlaneError> {
+    async fn write_lease(
+        &mut self,
+        position: Option<Lsn>,
+        timeline: Option<u32>,
+    ) -> Result<LeaseWrite, ControlPlaneError> {
         let (record, version, verdict) = self.read_lease().await?;
         if !verdict.may_acquire() {
             return Ok(LeaseWrite::HeldByOther);
@@ -315,11 +319,7 @@ impl<C: ControlPlane> Agent<C> {
         if !was_primary {
             return Ok(());
         }
-        let checkpoint = if clean {
-            standby::shutdown_checkpoint(&self.config).await?.0.into()
-        } else {
-            None
-        };
+        let checkpoint = if clean { standby::shutdown_checkpoint(&self.config).await?.0.into() } else { None };
         tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, "primary stopped");
         self.shutdown_checkpoint = checkpoint;
         self.release_lease(checkpoint).await

@@ -81,8 +81,10 @@ pub struct Postgres {
 }
 
 fn lsn(text: Option<String>) -> Result<Option<Lsn>, PostgresError> {
-    text.map(|text| text.parse().map_err(|error: crate::failover::ParseLsnError| PostgresError::Answer(error.to_string())))
-        .transpose()
+    text.map(|text| {
+        text.parse().map_err(|error: crate::failover::ParseLsnError| PostgresError::Answer(error.to_string()))
+    })
+    .transpose()
 }
 
 /// Sends `signal` to a postmaster and to each of its children. (Every PostgreSQL child calls

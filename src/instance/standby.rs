@@ -129,7 +129,12 @@ pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>
     Ok(())
 }
 
-async fn run_tool(config: &InstanceConfig, tool: &'static str, args: &[String], limit: Duration) -> Result<String, StandbyError> {
+async fn run_tool(
+    config: &InstanceConfig,
+    tool: &'static str,
+    args: &[String],
+    limit: Duration,
+) -> Result<String, StandbyError> {
     let mut command = Command::new(config.pg_bin.join(tool));
     command
         .args(args)

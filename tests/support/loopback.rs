@@ -200,8 +200,8 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
         .map(|name| {
             let gone = world.gone.contains(name);
             let report = if gone { None } else { world.reports.get(name).cloned() };
-            let ready = report.as_ref().is_some_and(|report| report.postgres_ready)
-                && postmaster_alive(&world.pgdata[name]);
+            let ready =
+                report.as_ref().is_some_and(|report| report.postgres_ready) && postmaster_alive(&world.pgdata[name]);
             let pod = if gone {
                 PodState::Gone
             } else if ready {
@@ -216,11 +216,12 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
     let decision = decide(&world.status, &observed, settings, Utc::now());
     world.status = decision.status;
     match &decision.action {
-        Action::FailoverStarted { old_primary, release_lease: true } => {
-            if world.lease.holder.as_ref() == Some(old_primary) {
-                world.lease.holder = None;
-                world.lease_version += 1;
-            }
+        // The pod is gone, so its processes are: the operator may release its lease at once.
+        Action::FailoverStarted { old_primary, release_lease: true }
+            if world.lease.holder.as_ref() == Some(old_primary) =>
+        {
+            world.lease.holder = None;
+            world.lease_version += 1;
         }
         Action::PrimaryChanged { .. } | Action::SwitchoverRejected { .. } => world.switchover_to = None,
         _ => {}
@@ -236,7 +237,10 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
 pub type Acks = Arc<Mutex<Vec<(i64, Instant, u16)>>>;
 
 pub fn conninfo(port: u16) -> String {
-    format!("host=127.0.0.1 port={port} user={SUPERUSER} password='{}' dbname=postgres connect_timeout=2", PASSWORD.replace('\\', "\\\\").replace('\'', "\\'"))
+    format!(
+        "host=127.0.0.1 port={port} user={SUPERUSER} password='{}' dbname=postgres connect_timeout=2",
+        PASSWORD.replace('\\', "\\\\").replace('\'', "\\'")
+    )
 }
 
 /// Runs one statement over TCP with password authentication.
@@ -493,7 +497,8 @@ impl Cluster {
         let world = self.world.clone();
         self.wait_for(&format!("{name} to become the current primary"), limit, async || {
             let world = world.lock().unwrap();
-            world.status.current_primary.as_deref() == Some(name) && world.status.target_primary.as_deref() == Some(name)
+            world.status.current_primary.as_deref() == Some(name)
+                && world.status.target_primary.as_deref() == Some(name)
         })
         .await;
     }
@@ -517,7 +522,9 @@ impl Cluster {
         query(self.port(primary), &format!("INSERT INTO markers VALUES ('{marker}')")).await.unwrap();
         let port = self.port(name);
         self.wait_for(&format!("{name} to replay a row written on {primary}"), Duration::from_secs(60), async || {
-            query(port, &format!("SELECT 1 FROM markers WHERE note = '{marker}'")).await.is_ok_and(|rows| rows.len() == 1)
+            query(port, &format!("SELECT 1 FROM markers WHERE note = '{marker}'"))
+                .await
+                .is_ok_and(|rows| rows.len() == 1)
         })
         .await;
         assert_eq!(self.scalar(port, "SELECT pg_is_in_recovery()::text").await, "true");
