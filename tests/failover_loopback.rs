@@ -243,3 +243,42 @@ async fn steady_state_writes_only_lease_renewals() {
     eprintln!("FIGURES steady state: {renewals} lease writes in {window:?}, no report writes, while committing");
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_status_command_reports_role_timeline_and_positions() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, NAMES).await;
+    let status = |name: &str, extra: &[&str]| {
+        let socket_dir = cluster.socket_dir(name);
+        std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+            .args(["instance", "status", "--user", loopback::SUPERUSER, "--socket-dir"])
+            .arg(socket_dir)
+            .args(["--port", &cluster.port(name).to_string()])
+            .args(extra)
+            .output()
+            .expect("run dbservice-operator")
+    };
+    for (name, in_recovery) in [("db-0", false), ("db-1", true)] {
+        let output = status(name, &[]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+        assert_eq!(json["inRecovery"], in_recovery, "{json}");
+        assert_eq!(json["timeline"], 1, "{json}");
+        let position = if in_recovery { "receivedLsn" } else { "currentLsn" };
+        let lsn: dbservice_operator::failover::Lsn = json[position].as_str().expect(position).parse().unwrap();
+        assert!(lsn.0 > 0, "{json}");
+        assert_eq!(json["streaming"], in_recovery, "{json}");
+    }
+    let bad_flag = status("db-0", &["--timeout-seconds", "0"]);
+    assert_eq!(bad_flag.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&bad_flag.stderr);
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+    assert!(message.contains("--timeout-seconds"), "{message}");
+    let unreachable = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+        .args(["instance", "status", "--socket-dir", "/nonexistent", "--timeout-seconds", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("connect to local postgres"));
+    cluster.shutdown().await;
+}

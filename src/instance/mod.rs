@@ -13,6 +13,8 @@ pub mod standby;
 
 pub use agent::{Agent, AgentError};
 
+use crate::cli::{InstanceArgs, InstanceCommand};
+
 use crate::failover::lease::{LeaseRecord, LeaseTimings};
 use crate::failover::InstanceReport;
 use std::future::Future;
@@ -106,4 +108,33 @@ pub trait ControlPlane: Send + Sync {
         version: &str,
         record: &LeaseRecord,
     ) -> impl Future<Output = Result<Option<String>, ControlPlaneError>> + Send;
+}
+
+/// Runs an `instance` subcommand.
+pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
+    match args.command {
+        InstanceCommand::Status(status) => {
+            let config = InstanceConfig {
+                name: String::new(),
+                pg_bin: PathBuf::new(),
+                pgdata: PathBuf::new(),
+                port: status.port,
+                socket_dir: status.socket_dir,
+                listen_addresses: String::new(),
+                superuser: status.user,
+                replication_user: String::new(),
+                replication_password: String::new(),
+                settings: Vec::new(),
+                log_file: PathBuf::new(),
+                os_user: None,
+                health_timeout: Duration::from_secs(status.timeout_seconds),
+                tick: Duration::from_secs(1),
+                lease: LeaseTimings::default(),
+                stop_grace: Duration::from_secs(1),
+            };
+            let sample = postgres::Postgres::new(config).sample().await?;
+            println!("{}", serde_json::to_string(&sample)?);
+            Ok(())
+        }
+    }
 }

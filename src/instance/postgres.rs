@@ -36,7 +36,8 @@ pub enum PostgresError {
 }
 
 /// What one health query saw.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Sample {
     /// In recovery (a standby).
     pub in_recovery: bool,
@@ -210,11 +211,16 @@ impl Postgres {
         if !self.is_running() {
             return LocalState::Down;
         }
-        let row = match self.bounded(async |client| client.query_one(SAMPLE_QUERY, &[]).await).await {
-            Ok(row) => row,
-            Err(error) => return LocalState::NotReady(error.to_string()),
-        };
-        let sample = (|| {
+        match self.sample().await {
+            Ok(sample) => LocalState::Ready(sample),
+            Err(error) => LocalState::NotReady(error.to_string()),
+        }
+    }
+
+    /// Queries role, timeline and WAL positions of the server on the socket (whoever started it).
+    pub async fn sample(&mut self) -> Result<Sample, PostgresError> {
+        let row = self.bounded(async |client| client.query_one(SAMPLE_QUERY, &[]).await).await?;
+        (|| {
             Ok::<_, PostgresError>(Sample {
                 in_recovery: row.try_get(0)?,
                 current_lsn: lsn(row.try_get(1)?)?,
@@ -223,11 +229,7 @@ impl Postgres {
                 timeline: u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0),
                 streaming: row.try_get(5)?,
             })
-        })();
-        match sample {
-            Ok(sample) => LocalState::Ready(sample),
-            Err(error) => LocalState::NotReady(error.to_string()),
-        }
+        })()
     }
 
     /// Promotes a standby and waits (up to 60 s inside PostgreSQL) until it accepts writes.

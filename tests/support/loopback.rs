@@ -367,6 +367,10 @@ impl Cluster {
         self.configs[name].port
     }
 
+    pub fn socket_dir(&self, name: &str) -> PathBuf {
+        self.configs[name].socket_dir.clone()
+    }
+
     pub fn pgdata(&self, name: &str) -> PathBuf {
         self.configs[name].pgdata.clone()
     }
