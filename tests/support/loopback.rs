@@ -176,7 +176,8 @@ impl ControlPlane for MemoryControlPlane {
     }
 }
 
-fn postmaster_pid(pgdata: &Path) -> Option<i32> {
+/// Pid in postmaster.pid.
+pub fn postmaster_pid(pgdata: &Path) -> Option<i32> {
     std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
 }
 
@@ -270,6 +271,11 @@ pub struct Cluster {
 impl Cluster {
     /// `instances` names, the first initialized as primary; agents started; waits until the others stream.
     pub async fn start(pg_bin: PathBuf, names: &[&str]) -> Cluster {
+        Self::start_with(pg_bin, names, FailoverSettings::default()).await
+    }
+
+    /// Like [`Cluster::start`], with the operator's failover settings.
+    pub async fn start_with(pg_bin: PathBuf, names: &[&str], settings: FailoverSettings) -> Cluster {
         // The agents' logs go to the test output (shown for failing tests, or with --nocapture).
         let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("dbservice_operator=info").try_init();
         let owner = os_user();
@@ -359,7 +365,7 @@ impl Cluster {
         }
         // Bootstrap is not a failover: the operator's failover loop starts once the database has
         // been healthy, as the controller will gate it.
-        cluster.start_operator();
+        cluster.start_operator(settings);
         cluster
     }
 
@@ -399,11 +405,10 @@ impl Cluster {
         self.start_agent(name);
     }
 
-    fn start_operator(&mut self) {
+    fn start_operator(&mut self, settings: FailoverSettings) {
         let world = self.world.clone();
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let settings = FailoverSettings::default();
             while !*stopped.borrow() {
                 operator_pass(&mut world.lock().unwrap(), &settings);
                 tokio::time::sleep(Duration::from_millis(100)).await;
