@@ -218,3 +218,67 @@ pub async fn clone_from(config: &InstanceConfig, upstream: &Upstream) -> Result<
     write_standby_config(config, Some(upstream))?;
     Ok(moved)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failover::lease::LeaseTimings;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config(pgdata: &Path) -> InstanceConfig {
+        InstanceConfig {
+            name: "db-1".into(),
+            pg_bin: PathBuf::new(),
+            pgdata: pgdata.to_path_buf(),
+            port: 5432,
+            socket_dir: PathBuf::new(),
+            listen_addresses: "*".into(),
+            superuser: "postgres".into(),
+            replication_user: "replicator".into(),
+            replication_password: r"it's a \secret".into(),
+            settings: vec![("wal_keep_size".into(), "256MB".into())],
+            log_file: PathBuf::new(),
+            os_user: None,
+            health_timeout: Duration::from_secs(1),
+            tick: Duration::from_secs(1),
+            lease: LeaseTimings::default(),
+            stop_grace: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn conninfo_quotes_every_value_and_keeps_the_password_out_unless_asked() {
+        let directory = tempfile::tempdir().unwrap();
+        let config = config(directory.path());
+        let upstream = Upstream { host: "db-0.db-headless.ns.svc".into(), port: 5433 };
+        assert_eq!(
+            conninfo(&config, &upstream, false),
+            "host='db-0.db-headless.ns.svc' port=5433 user='replicator' application_name='db-1' dbname=postgres connect_timeout=5"
+        );
+        assert!(conninfo(&config, &upstream, true).ends_with(r"password='it\'s a \\secret'"));
+    }
+
+    #[test]
+    fn standby_config_replaces_earlier_values_and_stays_private() {
+        let directory = tempfile::tempdir().unwrap();
+        let config = config(directory.path());
+        let auto = directory.path().join("postgresql.auto.conf");
+        std::fs::write(&auto, "# header\nprimary_conninfo = 'old'\nwal_log_hints = 'off'\nwork_mem = '8MB'\n").unwrap();
+        let upstream = Upstream { host: "db-0".into(), port: 5432 };
+        write_standby_config(&config, Some(&upstream)).unwrap();
+        write_standby_config(&config, Some(&upstream)).unwrap();
+        let text = std::fs::read_to_string(&auto).unwrap();
+        assert_eq!(text.matches("primary_conninfo").count(), 1, "{text}");
+        assert_eq!(text.matches("wal_log_hints").count(), 1, "{text}");
+        assert!(text.contains("wal_log_hints = 'on'") && text.contains("wal_keep_size = '256MB'"), "{text}");
+        assert!(text.contains("work_mem = '8MB'") && text.starts_with("# header\n"), "{text}");
+        // Conninfo escaping inside the configuration file's: the server reads back
+        // password='it\'s a \\secret', which libpq reads as the original password.
+        assert!(text.contains(r"password=''it\\''s a \\\\secret'''"), "{text}");
+        assert!(directory.path().join("standby.signal").exists());
+        assert_eq!(std::fs::metadata(&auto).unwrap().permissions().mode() & 0o777, 0o600);
+
+        write_standby_config(&config, None).unwrap();
+        assert!(std::fs::read_to_string(&auto).unwrap().contains("primary_conninfo = ''"));
+    }
+}
