@@ -28,6 +28,40 @@ pub enum Command {
     Certs(CertsArgs),
     /// Print the history of a DatabaseService and its current status.
     Ledger(LedgerArgs),
+    /// Instance agent commands, run inside a PostgreSQL pod.
+    Instance(InstanceArgs),
+}
+
+/// Flags of `instance`.
+#[derive(Debug, Args, Clone)]
+pub struct InstanceArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: InstanceCommand,
+}
+
+/// Subcommands of `instance`.
+#[derive(Debug, Subcommand, Clone)]
+pub enum InstanceCommand {
+    /// Print the local PostgreSQL's role, timeline and WAL positions as one JSON line.
+    Status(InstanceStatusArgs),
+}
+
+/// Flags of `instance status`.
+#[derive(Debug, Args, Clone)]
+pub struct InstanceStatusArgs {
+    /// Unix socket directory of the local server.
+    #[arg(long, env = "PG_SOCKET_DIR", default_value = "/var/run/postgresql")]
+    pub socket_dir: PathBuf,
+    /// Port of the local server.
+    #[arg(long, env = "PGPORT", default_value_t = 5432)]
+    pub port: u16,
+    /// Role to connect as (local trust or peer authentication).
+    #[arg(long, env = "POSTGRES_USER", default_value = "postgres")]
+    pub user: String,
+    /// Seconds to wait for an answer.
+    #[arg(long, env = "DBSERVICE_INSTANCE_TIMEOUT_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub timeout_seconds: u64,
 }
 
 /// Log output format.

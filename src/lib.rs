@@ -6,6 +6,8 @@ pub mod certificates;
 pub mod cli;
 pub mod controller;
 pub mod crd;
+pub mod failover;
+pub mod instance;
 pub mod leader;
 pub mod metrics;
 pub mod mutation;

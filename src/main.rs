@@ -27,6 +27,7 @@ async fn main() {
             Ok(())
         }
         Some(Command::Certs(args)) => run::certs(args),
+        Some(Command::Instance(args)) => dbservice_operator::instance::command(args).await,
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

@@ -1,0 +1,415 @@
+//! The agent's control loop: observe the local server, read what the operator wants, act, and
+//! publish a report when something changed.
+
+use super::postgres::{initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample};
+use super::standby::{self, StandbyError};
+use super::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
+use crate::failover::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
+use crate::failover::{InstanceReport, Lsn, Role, PENDING};
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// One agent step failed (the loop logs it and tries again next tick).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Local PostgreSQL.
+    #[error(transparent)]
+    Postgres(#[from] PostgresError),
+    /// Preparing a standby.
+    #[error(transparent)]
+    Standby(#[from] StandbyError),
+    /// The API.
+    #[error(transparent)]
+    ControlPlane(#[from] ControlPlaneError),
+}
+
+/// Result of trying to write this instance into the Lease.
+enum LeaseWrite {
+    Written,
+    HeldByOther,
+    Conflict,
+}
+
+/// The instance agent of one PostgreSQL server.
+pub struct Agent<C> {
+    config: InstanceConfig,
+    control_plane: C,
+    postgres: Postgres,
+    /// Last successful write of this instance as lease holder (self-fencing counts from it).
+    last_renewal: Option<Instant>,
+    /// Lease version last seen, and since when (expiry is judged on this clock only).
+    lease_seen: Option<(String, Instant)>,
+    /// Role of the data directory.
+    role: Option<Role>,
+    /// primary_conninfo the running standby was last given.
+    upstream_set: Option<String>,
+    /// Shutdown checkpoint of the last clean stop as primary.
+    shutdown_checkpoint: Option<Lsn>,
+    /// Last sample while ready (positions and timeline kept while the server is down).
+    last_sample: Option<Sample>,
+    fenced_by_hand: bool,
+    last_published: Option<InstanceReport>,
+}
+
+/// Equal for publishing purposes: a streaming standby's positions advance all the time and are not
+/// republished (they are published when streaming stops, which is when a failover needs them).
+fn same_state(left: &InstanceReport, right: &InstanceReport) -> bool {
+    let settled = |report: &InstanceReport| {
+        let mut report = report.clone();
+        if report.wal_receiver && report.postgres_ready {
+            report.received_lsn = None;
+            report.replay_lsn = None;
+        }
+        report
+    };
+    settled(left) == settled(right)
+}
+
+impl<C: ControlPlane> Agent<C> {
+    /// An agent for `config`, talking to the API through `control_plane`.
+    pub fn new(config: InstanceConfig, control_plane: C) -> Self {
+        Agent {
+            postgres: Postgres::new(config.clone()),
+            config,
+            control_plane,
+            last_renewal: None,
+            lease_seen: None,
+            role: None,
+            upstream_set: None,
+            shutdown_checkpoint: None,
+            last_sample: None,
+            fenced_by_hand: false,
+            last_published: None,
+        }
+    }
+
+    /// Process id of the postmaster, while it runs.
+    pub fn postgres_pid(&self) -> Option<u32> {
+        self.postgres.pid()
+    }
+
+    /// Steps every tick until `stop` turns true, then stops PostgreSQL cleanly (a primary hands the
+    /// Lease over with its shutdown checkpoint, like a switchover).
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            if let Err(error) = self.step().await {
+                tracing::warn!(instance = %self.config.name, %error, "instance step failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.tick) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        if let Err(error) = self.stop_and_release().await {
+            tracing::warn!(instance = %self.config.name, %error, "clean stop failed");
+        }
+        let local = self.postgres.observe().await;
+        let _ = self.publish(&local).await;
+    }
+
+    /// One step: observe, act on the operator's wishes, publish on change.
+    pub async fn step(&mut self) -> Result<(), AgentError> {
+        // Without the API the target is unknown: a primary keeps its course until its lease
+        // deadline, a stopped former primary stays down.
+        let desired = self.control_plane.desired().await.unwrap_or_default();
+        let local = self.postgres.observe().await;
+        if let LocalState::Ready(sample) = &local {
+            self.last_sample = Some(sample.clone());
+            self.role = Some(if sample.in_recovery { Role::Standby } else { Role::Primary });
+        }
+        let me = self.config.name.as_str();
+        let target_me = desired.target_primary.as_deref() == Some(me);
+        let target_other = desired.target_primary.is_some() && !target_me;
+        if desired.fenced {
+            if self.postgres.is_running() {
+                tracing::info!(instance = %me, "fenced by hand: stopping PostgreSQL");
+                self.postgres.stop(self.config.stop_grace).await;
+            }
+            self.fenced_by_hand = true;
+            return self.publish(&LocalState::Down).await;
+        }
+        self.fenced_by_hand = false;
+        match &local {
+            LocalState::Ready(sample) if !sample.in_recovery => {
+                self.shutdown_checkpoint = None;
+                if target_other {
+                    self.stop_and_release().await?;
+                } else {
+                    self.hold_lease(Some(sample)).await;
+                }
+            }
+            LocalState::Ready(sample) => {
+                if target_me {
+                    self.promote_when_allowed(sample).await?;
+                } else if desired.target_primary.as_deref() == Some(PENDING) {
+                    // Stop streaming only once the old primary cannot commit any more (lease
+                    // released or expired): until then every commit it acknowledges still arrives.
+                    if self.lease_free().await? {
+                        self.follow(None).await?;
+                    }
+                } else if let Some(upstream) = &desired.upstream {
+                    self.follow(Some(upstream)).await?;
+                }
+            }
+            LocalState::NotReady(reason) => {
+                if self.role == Some(Role::Primary) {
+                    if target_other {
+                        tracing::warn!(instance = %me, %reason, "unresponsive primary replaced: killing it");
+                        self.postgres.kill().await;
+                        self.release_lease(None).await?;
+                    } else {
+                        // No renewal without a healthy server; fences at the deadline.
+                        self.hold_lease(None).await;
+                    }
+                }
+            }
+            LocalState::Down => self.start_when_allowed(&desired).await?,
+        }
+        self.publish(&local).await
+    }
+
+    fn report(&self, local: &LocalState) -> InstanceReport {
+        let sample = match local {
+            LocalState::Ready(sample) => Some(sample),
+            _ => self.last_sample.as_ref(),
+        };
+        let ready = matches!(local, LocalState::Ready(_));
+        let role = self.role.unwrap_or(Role::Standby);
+        InstanceReport {
+            role,
+            timeline: sample.map(|sample| sample.timeline).unwrap_or(0),
+            received_lsn: sample.and_then(|sample| sample.received_lsn).filter(|_| role == Role::Standby),
+            replay_lsn: sample.and_then(|sample| sample.replay_lsn).filter(|_| role == Role::Standby),
+            wal_receiver: ready && sample.is_some_and(|sample| sample.streaming),
+            postgres_ready: ready,
+            fenced: self.fenced_by_hand,
+            disk_full: false,
+            shutdown_checkpoint_lsn: self.shutdown_checkpoint.filter(|_| !ready),
+        }
+    }
+
+    async fn publish(&mut self, local: &LocalState) -> Result<(), AgentError> {
+        let report = self.report(local);
+        if self.last_published.as_ref().is_some_and(|published| same_state(published, &report)) {
+            return Ok(());
+        }
+        self.control_plane.publish(&report).await?;
+        tracing::info!(instance = %self.config.name, report = %serde_json::to_string(&report).unwrap_or_default(), "published");
+        self.last_published = Some(report);
+        Ok(())
+    }
+
+    /// Reads the Lease and notes since when its version has been unchanged on this clock.
+    async fn read_lease(&mut self) -> Result<(LeaseRecord, String, AcquireVerdict), ControlPlaneError> {
+        let (record, version) = self.control_plane.read_lease().await?;
+        let now = Instant::now();
+        let seen_since = match &self.lease_seen {
+            Some((seen, since)) if *seen == version => *since,
+            _ => now,
+        };
+        self.lease_seen = Some((version.clone(), seen_since));
+        let verdict = acquire_verdict(&record, &self.config.name, now - seen_since, &self.config.lease);
+        Ok((record, version, verdict))
+    }
+
+    async fn lease_free(&mut self) -> Result<bool, ControlPlaneError> {
+        Ok(self.read_lease().await?.2.may_acquire())
+    }
+
+    /// Writes this instance as holder, with its position, if nobody else holds the Lease.
+    async fn write_lease(
+        &mut self,
+        position: Option<Lsn>,
+        timeline: Option<u32>,
+    ) -> Result<LeaseWrite, ControlPlaneError> {
+        let (record, version, verdict) = self.read_lease().await?;
+        if !verdict.may_acquire() {
+            return Ok(LeaseWrite::HeldByOther);
+        }
+        let next = LeaseRecord {
+            holder: Some(self.config.name.clone()),
+            primary_lsn: position.or(record.primary_lsn),
+            timeline: timeline.or(record.timeline),
+            released_at_lsn: None,
+        };
+        match self.control_plane.write_lease(&version, &next).await? {
+            Some(_) => {
+                self.last_renewal = Some(Instant::now());
+                Ok(LeaseWrite::Written)
+            }
+            None => Ok(LeaseWrite::Conflict),
+        }
+    }
+
+    /// A primary renews when due (only with a healthy server) and fences itself when it could not
+    /// renew before the deadline, or learns that someone else holds the Lease.
+    async fn hold_lease(&mut self, healthy: Option<&Sample>) {
+        let since = self.last_renewal.map(|renewed| renewed.elapsed());
+        if let Some(sample) = healthy {
+            if since.is_none_or(|since| renewal_due(since, &self.config.lease)) {
+                match self.write_lease(sample.current_lsn, Some(sample.timeline)).await {
+                    Ok(LeaseWrite::Written) => return,
+                    Ok(LeaseWrite::HeldByOther) => return self.fence("another instance holds the primary lease").await,
+                    Ok(LeaseWrite::Conflict) => {}
+                    Err(error) => tracing::warn!(instance = %self.config.name, %error, "lease renewal failed"),
+                }
+            }
+        }
+        let since = self.last_renewal.map(|renewed| renewed.elapsed());
+        if since.is_none_or(|since| must_fence(since, &self.config.lease)) {
+            self.fence("primary lease not renewed before its deadline").await;
+        }
+    }
+
+    /// Stops accepting writes at once: an immediate stop, SIGKILL of the process group if that
+    /// does not end it. (Setting default_transaction_read_only is no fence: any session can
+    /// override it.)
+    async fn fence(&mut self, reason: &str) {
+        tracing::warn!(instance = %self.config.name, reason, "fencing: stopping PostgreSQL");
+        self.postgres.kill().await;
+        self.last_renewal = None;
+    }
+
+    async fn promote_when_allowed(&mut self, sample: &Sample) -> Result<(), AgentError> {
+        let (record, _, verdict) = self.read_lease().await?;
+        if !verdict.may_acquire() {
+            return Ok(());
+        }
+        let received = sample.received_lsn.max(sample.replay_lsn).unwrap_or_default();
+        if let Some(released) = record.released_at_lsn.filter(|released| received < *released) {
+            // A clean hand-over: promoting before the old primary's last WAL arrived would lose commits.
+            tracing::info!(instance = %self.config.name, %received, %released, "waiting for the old primary's last WAL");
+            return Ok(());
+        }
+        if !matches!(self.write_lease(sample.received_lsn, Some(sample.timeline)).await?, LeaseWrite::Written) {
+            return Ok(());
+        }
+        tracing::info!(instance = %self.config.name, "holding the primary lease: promoting");
+        self.postgres.promote().await?;
+        self.role = Some(Role::Primary);
+        self.upstream_set = None;
+        if let LocalState::Ready(sample) = self.postgres.observe().await {
+            let _ = self.write_lease(sample.current_lsn, Some(sample.timeline)).await;
+            self.last_sample = Some(sample);
+        }
+        Ok(())
+    }
+
+    async fn follow(&mut self, upstream: Option<&Upstream>) -> Result<(), AgentError> {
+        let conninfo = upstream.map(|upstream| standby::conninfo(&self.config, upstream, true)).unwrap_or_default();
+        if self.upstream_set.as_deref() != Some(conninfo.as_str()) {
+            tracing::info!(instance = %self.config.name, upstream = ?upstream, "following");
+            self.postgres.set_upstream(&conninfo).await?;
+            self.upstream_set = Some(conninfo);
+        }
+        Ok(())
+    }
+
+    /// A primary that must step down: clean stop, then release the Lease with the shutdown
+    /// checkpoint so that the successor waits for it.
+    async fn stop_and_release(&mut self) -> Result<(), AgentError> {
+        if !self.postgres.is_running() {
+            return Ok(());
+        }
+        let was_primary = self.role == Some(Role::Primary);
+        if was_primary {
+            self.postgres.checkpoint().await;
+        }
+        let clean = self.postgres.stop(self.config.stop_grace).await;
+        if !was_primary {
+            return Ok(());
+        }
+        let checkpoint = if clean { standby::shutdown_checkpoint(&self.config).await?.0.into() } else { None };
+        tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, "primary stopped");
+        self.shutdown_checkpoint = checkpoint;
+        self.release_lease(checkpoint).await
+    }
+
+    async fn release_lease(&mut self, checkpoint: Option<Lsn>) -> Result<(), AgentError> {
+        self.last_renewal = None;
+        let (record, version) = self.control_plane.read_lease().await?;
+        if record.holder.as_deref() != Some(self.config.name.as_str()) {
+            return Ok(());
+        }
+        let released = LeaseRecord { holder: None, released_at_lsn: checkpoint, ..record };
+        self.control_plane.write_lease(&version, &released).await?;
+        Ok(())
+    }
+
+    async fn start_when_allowed(&mut self, desired: &Desired) -> Result<(), AgentError> {
+        let pgdata = &self.config.pgdata;
+        let target_me = desired.target_primary.as_deref() == Some(self.config.name.as_str());
+        let named_other = desired.target_primary.as_deref().is_some_and(|target| !target_me && target != PENDING);
+        if !initialized(pgdata) {
+            if let (true, Some(upstream)) = (named_other, &desired.upstream) {
+                tracing::info!(instance = %self.config.name, "empty data directory: cloning the primary");
+                standby::clone_from(&self.config, upstream).await?;
+                return self.start(Role::Standby, Some(upstream));
+            }
+            return Ok(());
+        }
+        let standby_data = is_standby_data(pgdata);
+        self.role = Some(if standby_data { Role::Standby } else { Role::Primary });
+        match (standby_data, target_me, named_other, &desired.upstream) {
+            // A primary restarts in place (crash recovery) only while it can hold the Lease.
+            (false, true, _, _) => {
+                if matches!(self.write_lease(None, None).await?, LeaseWrite::Written) {
+                    tracing::info!(instance = %self.config.name, "starting as primary");
+                    self.start(Role::Primary, None)?;
+                }
+            }
+            (false, false, true, Some(upstream)) => {
+                self.rejoin(upstream).await?;
+                self.start(Role::Standby, Some(upstream))?;
+            }
+            (true, _, _, upstream) => {
+                // Standby data: start; the WAL receiver is pointed where the operator says.
+                let upstream = if named_other { upstream.as_ref() } else { None };
+                if upstream.is_some() {
+                    standby::write_standby_config(&self.config, upstream)?;
+                }
+                self.start(Role::Standby, upstream)?;
+                if upstream.is_none() {
+                    // Whatever the file says: the next follow() sets it explicitly.
+                    self.upstream_set = None;
+                }
+            }
+            // A former primary waits until the new one is known; it never starts as primary on its own.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A former primary becomes a standby of `upstream`: pg_rewind (a no-op after a clean
+    /// switchover), or a fresh clone when rewinding fails.
+    async fn rejoin(&mut self, upstream: &Upstream) -> Result<(), AgentError> {
+        tracing::info!(instance = %self.config.name, "former primary: rewinding onto the new primary");
+        match standby::rewind(&self.config, upstream).await {
+            Ok(output) => {
+                tracing::info!(instance = %self.config.name, output = %output.trim(), "pg_rewind done");
+                standby::write_standby_config(&self.config, Some(upstream))?;
+            }
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "pg_rewind failed: cloning afresh");
+                let moved = standby::clone_from(&self.config, upstream).await?;
+                tracing::warn!(instance = %self.config.name, moved_aside = ?moved, "cloned afresh");
+            }
+        }
+        self.shutdown_checkpoint = None;
+        self.role = Some(Role::Standby);
+        Ok(())
+    }
+
+    fn start(&mut self, role: Role, upstream: Option<&Upstream>) -> Result<(), AgentError> {
+        standby::write_required_settings(&self.config)?;
+        self.postgres.start()?;
+        self.role = Some(role);
+        self.upstream_set = match role {
+            Role::Standby => {
+                Some(upstream.map(|upstream| standby::conninfo(&self.config, upstream, true)).unwrap_or_default())
+            }
+            Role::Primary => None,
+        };
+        Ok(())
+    }
+}

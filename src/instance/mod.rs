@@ -1,0 +1,140 @@
+//! The instance agent (`dbservice-operator instance ...`): runs in each PostgreSQL pod, supervises
+//! the server, publishes an [`InstanceReport`] when it changes, and carries out what the operator
+//! decided ([`crate::failover`]): promote when it is the target and holds the primary Lease, stop
+//! cleanly and hand the Lease over on a switchover, follow the new primary (pg_rewind, or a fresh
+//! clone), and fence itself when it cannot renew the Lease in time.
+//!
+//! It talks only to its own PostgreSQL (unix socket) and to the API through [`ControlPlane`]; it
+//! serves nothing, so the operator never dials a pod. Design: docs/failover.md.
+
+mod agent;
+pub mod postgres;
+pub mod standby;
+
+pub use agent::{Agent, AgentError};
+
+use crate::cli::{InstanceArgs, InstanceCommand};
+
+use crate::failover::lease::{LeaseRecord, LeaseTimings};
+use crate::failover::InstanceReport;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where and how the agent runs its PostgreSQL.
+#[derive(Clone, Debug)]
+pub struct InstanceConfig {
+    /// Instance (pod) name: the lease holder identity and the replication application_name.
+    pub name: String,
+    /// Directory of postgres, pg_ctl, pg_rewind, pg_basebackup, pg_controldata.
+    pub pg_bin: PathBuf,
+    /// Data directory.
+    pub pgdata: PathBuf,
+    /// Port.
+    pub port: u16,
+    /// Unix socket directory (the agent's own connection).
+    pub socket_dir: PathBuf,
+    /// listen_addresses.
+    pub listen_addresses: String,
+    /// Superuser for the local connection (peer/trust over the socket).
+    pub superuser: String,
+    /// Role used to stream, clone and rewind from the primary.
+    pub replication_user: String,
+    /// Its password (environment only; never on a command line or in a log).
+    pub replication_password: String,
+    /// Extra server settings (name, value), written into postgresql.auto.conf before every start.
+    pub settings: Vec<(String, String)>,
+    /// File PostgreSQL's output is appended to.
+    pub log_file: PathBuf,
+    /// When the agent runs as root (tests): uid and gid to run PostgreSQL and its tools as.
+    pub os_user: Option<(u32, u32)>,
+    /// Longest wait for one local query; a server that does not answer in time is not ready.
+    pub health_timeout: Duration,
+    /// Interval between two steps (local checks only; API writes happen on change and on renewal).
+    pub tick: Duration,
+    /// Primary Lease timings.
+    pub lease: LeaseTimings,
+    /// Time a fast shutdown gets before an immediate one (and that one before SIGKILL).
+    pub stop_grace: Duration,
+}
+
+impl InstanceConfig {
+    fn chown(&self, paths: &[&Path]) {
+        if let Some((uid, gid)) = self.os_user {
+            for path in paths {
+                let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
+            }
+        }
+    }
+}
+
+/// Where the primary to follow listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    /// Host name (the pod's DNS name through the headless Service) or address.
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+/// What the operator wants from this instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// `targetPrimary`: an instance name, [`crate::failover::PENDING`], or None when not decided.
+    pub target_primary: Option<String>,
+    /// The primary to follow, once `currentPrimary` equals `targetPrimary` (never during a change).
+    pub upstream: Option<Upstream>,
+    /// A person fenced this instance: keep PostgreSQL stopped.
+    pub fenced: bool,
+}
+
+/// The API could not be reached or refused.
+#[derive(Debug, thiserror::Error)]
+#[error("control plane: {0}")]
+pub struct ControlPlaneError(pub String);
+
+/// The agent's view of the API server: its pod (desired state in, report out) and the
+/// database's primary Lease (compare-and-swap on a version, like a resourceVersion).
+pub trait ControlPlane: Send + Sync {
+    /// The operator's wishes for this instance.
+    fn desired(&self) -> impl Future<Output = Result<Desired, ControlPlaneError>> + Send;
+    /// Publishes this instance's report; the agent calls it only when the report changed.
+    fn publish(&self, report: &InstanceReport) -> impl Future<Output = Result<(), ControlPlaneError>> + Send;
+    /// The primary Lease and its version.
+    fn read_lease(&self) -> impl Future<Output = Result<(LeaseRecord, String), ControlPlaneError>> + Send;
+    /// Replaces the Lease if its version is still `version`: the new version, or None on a conflict.
+    fn write_lease(
+        &self,
+        version: &str,
+        record: &LeaseRecord,
+    ) -> impl Future<Output = Result<Option<String>, ControlPlaneError>> + Send;
+}
+
+/// Runs an `instance` subcommand.
+pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
+    match args.command {
+        InstanceCommand::Status(status) => {
+            let config = InstanceConfig {
+                name: String::new(),
+                pg_bin: PathBuf::new(),
+                pgdata: PathBuf::new(),
+                port: status.port,
+                socket_dir: status.socket_dir,
+                listen_addresses: String::new(),
+                superuser: status.user,
+                replication_user: String::new(),
+                replication_password: String::new(),
+                settings: Vec::new(),
+                log_file: PathBuf::new(),
+                os_user: None,
+                health_timeout: Duration::from_secs(status.timeout_seconds),
+                tick: Duration::from_secs(1),
+                lease: LeaseTimings::default(),
+                stop_grace: Duration::from_secs(1),
+            };
+            let sample = postgres::Postgres::new(config).sample().await?;
+            println!("{}", serde_json::to_string(&sample)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! One local PostgreSQL server: the agent starts it as a child in its own process group,
+//! observes it over the unix socket with one held connection, promotes, re-points and stops it.
+//!
+//! Why tokio-postgres rather than `psql` subprocesses: the health check runs every tick, and a held
+//! connection costs one round trip where psql costs a fork/exec plus a backend fork each time;
+//! errors arrive typed (SQLSTATE) instead of as text to parse; timeouts are plain
+//! `tokio::time::timeout`; no value goes through a shell or an argument list. Over the unix
+//! socket it needs no TLS, so it adds no crypto stack to the static binary.
+
+use super::InstanceConfig;
+use crate::failover::Lsn;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+use tokio_postgres::{Client, NoTls};
+
+/// Starting, stopping or talking to the local PostgreSQL failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresError {
+    /// The server could not be spawned.
+    #[error("start postgres: {0}")]
+    Start(std::io::Error),
+    /// A query failed.
+    #[error("query local postgres: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    /// No connection (the server is down or not ready).
+    #[error("connect to local postgres: {0}")]
+    Connect(String),
+    /// A query or connection took too long.
+    #[error("local postgres did not answer within {0:?}")]
+    Timeout(Duration),
+    /// A value PostgreSQL returned could not be read.
+    #[error("read local postgres answer: {0}")]
+    Answer(String),
+}
+
+/// What one health query saw.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sample {
+    /// In recovery (a standby).
+    pub in_recovery: bool,
+    /// Primary: `pg_current_wal_lsn()`.
+    pub current_lsn: Option<Lsn>,
+    /// Standby: `pg_last_wal_receive_lsn()`.
+    pub received_lsn: Option<Lsn>,
+    /// Standby: `pg_last_wal_replay_lsn()`.
+    pub replay_lsn: Option<Lsn>,
+    /// Timeline (a primary's from its current WAL file; a standby's from its receiver or last restartpoint).
+    pub timeline: u32,
+    /// A WAL receiver is streaming.
+    pub streaming: bool,
+}
+
+/// The local server's state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalState {
+    /// No postmaster process.
+    Down,
+    /// The process runs but does not answer (starting, recovering, hung).
+    NotReady(String),
+    /// It answered.
+    Ready(Sample),
+}
+
+const SAMPLE_QUERY: &str = "SELECT pg_is_in_recovery(),
+  CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END,
+  pg_last_wal_receive_lsn()::text,
+  pg_last_wal_replay_lsn()::text,
+  CASE WHEN pg_is_in_recovery()
+       THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+                     (SELECT timeline_id FROM pg_control_checkpoint()))
+       ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
+  EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')";
+
+/// A supervised PostgreSQL server.
+pub struct Postgres {
+    config: InstanceConfig,
+    child: Option<Child>,
+    client: Option<Client>,
+}
+
+fn lsn(text: Option<String>) -> Result<Option<Lsn>, PostgresError> {
+    text.map(|text| {
+        text.parse().map_err(|error: crate::failover::ParseLsnError| PostgresError::Answer(error.to_string()))
+    })
+    .transpose()
+}
+
+/// Sends `signal` to a postmaster and to each of its children. (Every PostgreSQL child calls
+/// setsid(), so signalling the postmaster's process group would reach the postmaster alone.)
+pub fn signal_server(postmaster: u32, signal: i32) {
+    let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        // pid (comm) state ppid ...: comm may contain spaces, so split after the last ')'.
+        let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        (parent == postmaster).then_some(pid)
+    });
+    for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
+        let Ok(pid) = i32::try_from(pid) else { continue };
+        // SAFETY: kill(2) only sends a signal; no memory is shared.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+impl Postgres {
+    /// A handle for the server of `config` (not started).
+    pub fn new(config: InstanceConfig) -> Self {
+        Postgres { config, child: None, client: None }
+    }
+
+    /// Process id of the postmaster this agent started, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|child| child.id())
+    }
+
+    /// Whether the postmaster this agent started still runs (reaps it when it has exited).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(|child| child.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                self.child = None;
+                self.client = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Starts `postgres` on the data directory with the settings failover needs.
+    pub fn start(&mut self) -> Result<(), PostgresError> {
+        let config = &self.config;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&config.log_file)
+            .map_err(PostgresError::Start)?;
+        let mut command = Command::new(config.pg_bin.join("postgres"));
+        command.arg("-D").arg(&config.pgdata).arg("-p").arg(config.port.to_string());
+        // Server settings live in postgresql.auto.conf (standby::write_required_settings); only
+        // where this server listens is given here.
+        command.arg("-c").arg(format!("listen_addresses={}", config.listen_addresses));
+        command.arg("-c").arg(format!("unix_socket_directories={}", config.socket_dir.display()));
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(PostgresError::Start)?)
+            .stderr(log)
+            .process_group(0)
+            .kill_on_drop(false);
+        if let Some((uid, gid)) = config.os_user {
+            command.uid(uid).gid(gid);
+        }
+        self.child = Some(command.spawn().map_err(PostgresError::Start)?);
+        self.client = None;
+        Ok(())
+    }
+
+    async fn client(&mut self) -> Result<&Client, PostgresError> {
+        if self.client.as_ref().is_some_and(|client| !client.is_closed()) {
+            return Ok(self.client.as_ref().expect("checked"));
+        }
+        let mut pg_config = tokio_postgres::Config::new();
+        pg_config
+            .host_path(&self.config.socket_dir)
+            .port(self.config.port)
+            .user(&self.config.superuser)
+            .dbname("postgres")
+            .application_name("dbservice-instance")
+            .connect_timeout(self.config.health_timeout);
+        let connect = pg_config.connect(NoTls);
+        let (client, connection) = tokio::time::timeout(self.config.health_timeout, connect)
+            .await
+            .map_err(|_| PostgresError::Timeout(self.config.health_timeout))?
+            .map_err(|error| PostgresError::Connect(error.to_string()))?;
+        tokio::spawn(async move {
+            // Ends when the server or the client goes away; the next call reconnects.
+            let _ = connection.await;
+        });
+        Ok(self.client.insert(client))
+    }
+
+    async fn bounded<T>(
+        &mut self,
+        work: impl AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, PostgresError> {
+        let timeout = self.config.health_timeout;
+        let result = tokio::time::timeout(timeout, async {
+            let client = self.client().await?;
+            work(client).await.map_err(PostgresError::from)
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                self.client = None;
+                Err(error)
+            }
+            Err(_) => {
+                self.client = None;
+                Err(PostgresError::Timeout(timeout))
+            }
+        }
+    }
+
+    /// One health query, bounded by the health timeout.
+    pub async fn observe(&mut self) -> LocalState {
+        if !self.is_running() {
+            return LocalState::Down;
+        }
+        match self.sample().await {
+            Ok(sample) => LocalState::Ready(sample),
+            Err(error) => LocalState::NotReady(error.to_string()),
+        }
+    }
+
+    /// Queries role, timeline and WAL positions of the server on the socket (whoever started it).
+    pub async fn sample(&mut self) -> Result<Sample, PostgresError> {
+        let row = self.bounded(async |client| client.query_one(SAMPLE_QUERY, &[]).await).await?;
+        (|| {
+            Ok::<_, PostgresError>(Sample {
+                in_recovery: row.try_get(0)?,
+                current_lsn: lsn(row.try_get(1)?)?,
+                received_lsn: lsn(row.try_get(2)?)?,
+                replay_lsn: lsn(row.try_get(3)?)?,
+                timeline: u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0),
+                streaming: row.try_get(5)?,
+            })
+        })()
+    }
+
+    /// Promotes a standby and waits (up to 60 s inside PostgreSQL) until it accepts writes.
+    pub async fn promote(&mut self) -> Result<(), PostgresError> {
+        let timeout = self.config.health_timeout + Duration::from_secs(60);
+        let client = self.client().await?;
+        let promoted = tokio::time::timeout(timeout, client.query_one("SELECT pg_promote(true, 60)", &[]))
+            .await
+            .map_err(|_| PostgresError::Timeout(timeout))??;
+        if promoted.try_get::<_, bool>(0)? {
+            // pg_rewind reads the new timeline from the source's pg_control, which only the first
+            // checkpoint after promotion updates: without it, it would take the old primary for
+            // being on the same timeline and skip a needed rewind.
+            client.batch_execute("CHECKPOINT").await?;
+            Ok(())
+        } else {
+            Err(PostgresError::Answer("pg_promote returned false".into()))
+        }
+    }
+
+    /// Re-points the WAL receiver (`''` stops it) without a restart: primary_conninfo is
+    /// reloadable since PostgreSQL 13.
+    pub async fn set_upstream(&mut self, conninfo: &str) -> Result<(), PostgresError> {
+        let conninfo = conninfo.to_string();
+        self.bounded(async move |client| {
+            let statement: String = client
+                .query_one("SELECT format('ALTER SYSTEM SET primary_conninfo = %L', $1::text)", &[&conninfo])
+                .await?
+                .try_get(0)?;
+            client.batch_execute(&statement).await?;
+            client.batch_execute("SELECT pg_reload_conf()").await
+        })
+        .await
+    }
+
+    /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
+    /// failures are ignored, the stop that follows matters.
+    pub async fn checkpoint(&mut self) {
+        let _ = self.bounded(async |client| client.batch_execute("CHECKPOINT").await).await;
+    }
+
+    /// Stops the server: fast shutdown, immediate after `grace`, SIGKILL to every process of the
+    /// server after another `grace`. True when the fast shutdown completed (a clean stop).
+    pub async fn stop(&mut self, grace: Duration) -> bool {
+        self.client = None;
+        let Some(pid) = self.pid() else {
+            self.child = None;
+            return false;
+        };
+        for (signal, clean) in [(libc::SIGINT, true), (libc::SIGQUIT, false)] {
+            signal_postmaster(pid, signal);
+            if self.wait_exit(grace).await {
+                return clean;
+            }
+        }
+        self.kill().await;
+        false
+    }
+
+    /// SIGKILL to the postmaster and every child (works on a stopped, hung server too).
+    pub async fn kill(&mut self) {
+        self.client = None;
+        if let Some(pid) = self.pid() {
+            signal_server(pid, libc::SIGKILL);
+            self.wait_exit(Duration::from_secs(10)).await;
+        }
+        self.child = None;
+    }
+
+    async fn wait_exit(&mut self, limit: Duration) -> bool {
+        let Some(child) = self.child.as_mut() else { return true };
+        match tokio::time::timeout(limit, child.wait()).await {
+            Ok(_) => {
+                self.child = None;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+fn signal_postmaster(pid: u32, signal: i32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    // SAFETY: kill(2) only sends a signal.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// The data directory holds a cluster.
+pub fn initialized(pgdata: &Path) -> bool {
+    pgdata.join("PG_VERSION").is_file()
+}
+
+/// The data directory is configured to start as a standby.
+pub fn is_standby_data(pgdata: &Path) -> bool {
+    pgdata.join("standby.signal").exists()
+}

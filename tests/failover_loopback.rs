@@ -1,0 +1,325 @@
+//! Failover, switchover and fencing with real PostgreSQL on loopback (no cluster): every server is
+//! run by a real instance agent (`dbservice_operator::instance::Agent`), the operator's decisions
+//! come from the real `failover::decide`; only the API server is an in-memory stand-in. A writer
+//! inserts one row per transaction through "Service <name>" and logs every acknowledged commit.
+//!
+//! Each test prints its timings (`cargo test --test failover_loopback -- --nocapture`).
+
+#[path = "support/loopback.rs"]
+mod loopback;
+
+use dbservice_operator::failover::{Action, FailoverSettings, TransitionKind};
+use loopback::{postmaster_alive, signal_postgres, Cluster};
+use std::time::{Duration, Instant};
+
+const NAMES: &[&str] = &["db-0", "db-1"];
+
+async fn writes_for(cluster: &Cluster, duration: Duration, at_least: usize) {
+    let start = Instant::now();
+    cluster
+        .wait_for("the writer to commit", duration + Duration::from_secs(30), async || {
+            start.elapsed() >= duration && cluster.acks.lock().unwrap().len() >= at_least
+        })
+        .await;
+}
+
+async fn timeline(cluster: &Cluster, name: &str) -> u32 {
+    let sql = "SELECT timeline_id::text FROM pg_control_checkpoint()";
+    // The end-of-recovery checkpoint may lag the promotion by a moment.
+    let mut value = 0;
+    for _ in 0..50 {
+        value = cluster.scalar(cluster.port(name), sql).await.parse().unwrap();
+        if value > 1 {
+            break;
+        }
+        let _ = loopback::query(cluster.port(name), "CHECKPOINT").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    value
+}
+
+fn primary_changes(cluster: &Cluster) -> Vec<(TransitionKind, String, String, u32, Duration)> {
+    let world = cluster.world.lock().unwrap();
+    world
+        .actions
+        .iter()
+        .filter_map(|(_, action)| match action {
+            Action::PrimaryChanged { kind, from, to, timeline, took } => {
+                Some((*kind, from.clone(), to.clone(), *timeline, *took))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchover_under_writes_loses_no_acknowledged_commit_and_the_old_primary_follows() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let started = Instant::now();
+    cluster.world.lock().unwrap().switchover_to = Some("db-1".into());
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let new_port = cluster.port("db-1");
+    cluster
+        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
+            cluster.first_ack_after(started, new_port).is_some()
+        })
+        .await;
+    let switchover = cluster.first_ack_after(started, new_port).unwrap() - started;
+    writes_for(&cluster, Duration::from_millis(500), 0).await;
+    let acknowledged = cluster.stop_writer().await;
+
+    let stored = cluster.stored_ids(new_port).await;
+    let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    assert!(lost.is_empty(), "acknowledged commits lost on switchover: {lost:?}");
+    assert_eq!(timeline(&cluster, "db-1").await, 2, "the new primary runs on a new timeline");
+    assert_eq!(cluster.scalar(new_port, "SELECT pg_is_in_recovery()::text").await, "false");
+    let changes = primary_changes(&cluster);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(
+        (changes[0].0, changes[0].1.as_str(), changes[0].2.as_str()),
+        (TransitionKind::Switchover, "db-0", "db-1")
+    );
+    assert_eq!(changes[0].3, 2);
+
+    cluster.assert_follows("db-0", "db-1").await;
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
+    eprintln!(
+        "FIGURES switchover: {:.2} s from request to the first commit on the new primary \
+         (operator saw the promotion after {:.2} s); {} acknowledged commits, 0 lost",
+        switchover.as_secs_f64(),
+        changes[0].4.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_when_the_primary_pod_is_killed_and_the_old_primary_is_rewound() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let killed = Instant::now();
+    cluster.kill_pod("db-0");
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let new_port = cluster.port("db-1");
+    cluster
+        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
+            cluster.first_ack_after(killed, new_port).is_some()
+        })
+        .await;
+    let recovery = cluster.first_ack_after(killed, new_port).unwrap() - killed;
+    let acknowledged = cluster.stop_writer().await;
+    let stored = cluster.stored_ids(new_port).await;
+    let lost = acknowledged.iter().filter(|id| !stored.contains(id)).count();
+    assert_eq!(timeline(&cluster, "db-1").await, 2);
+    let changes = primary_changes(&cluster);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!((changes[0].0, changes[0].2.as_str()), (TransitionKind::Failover, "db-1"));
+
+    cluster.recreate_pod("db-0");
+    cluster.assert_follows("db-0", "db-1").await;
+    assert_eq!(timeline(&cluster, "db-0").await, 2, "the old primary follows the new timeline");
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
+    eprintln!(
+        "FIGURES failover (pod killed): {:.2} s from SIGKILL to the first commit on the new primary; \
+         {} acknowledged, {lost} lost (asynchronous replication)",
+        recovery.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_when_the_primary_hangs_fences_it_and_it_rejoins() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let hung = Instant::now();
+    signal_postgres(&cluster.pgdata("db-0"), libc::SIGSTOP);
+    cluster.wait_primary("db-1", Duration::from_secs(40)).await;
+    let new_port = cluster.port("db-1");
+    cluster
+        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
+            cluster.first_ack_after(hung, new_port).is_some()
+        })
+        .await;
+    let recovery = cluster.first_ack_after(hung, new_port).unwrap() - hung;
+    let acknowledged = cluster.stop_writer().await;
+    let stored = cluster.stored_ids(new_port).await;
+    let lost = acknowledged.iter().filter(|id| !stored.contains(id)).count();
+    assert_eq!(timeline(&cluster, "db-1").await, 2);
+
+    // The hung server was killed by its own agent, which then rewinds it into a standby.
+    cluster.assert_follows("db-0", "db-1").await;
+    assert_eq!(
+        cluster.replaced_directories("db-0"),
+        Vec::<std::path::PathBuf>::new(),
+        "rejoined by pg_rewind, not a clone"
+    );
+    eprintln!(
+        "FIGURES failover (primary hung by SIGSTOP): {:.2} s to the first commit on the new primary; \
+         {} acknowledged, {lost} lost (asynchronous replication)",
+        recovery.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_primary_fences_itself_before_a_standby_is_promoted() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, NAMES).await;
+    let timings = cluster.timings;
+    let old_data = cluster.pgdata("db-0");
+
+    let isolated = Instant::now();
+    cluster.world.lock().unwrap().partitioned.insert("db-0".into());
+    cluster
+        .wait_for("the isolated primary to stop", timings.renew_deadline + Duration::from_secs(5), async || {
+            !postmaster_alive(&old_data)
+        })
+        .await;
+    let fenced = isolated.elapsed();
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let promoted = isolated.elapsed();
+    assert!(fenced <= timings.renew_deadline + Duration::from_secs(2), "fenced after {fenced:?}");
+    assert!(promoted > fenced, "promoted at {promoted:?}, before the old primary stopped at {fenced:?}");
+    assert!(
+        promoted >= timings.duration,
+        "the standby must wait for the lease to expire ({:?}), promoted at {promoted:?}",
+        timings.duration
+    );
+    // While still cut off, the old primary never starts again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!postmaster_alive(&old_data), "a fenced primary restarted without the API");
+    cluster.world.lock().unwrap().partitioned.remove("db-0");
+    cluster.assert_follows("db-0", "db-1").await;
+    eprintln!(
+        "FIGURES isolation: fenced {:.2} s after losing the API (renew deadline {:?}), standby promoted after {:.2} s (lease {:?})",
+        fenced.as_secs_f64(),
+        timings.renew_deadline,
+        promoted.as_secs_f64(),
+        timings.duration
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_writes_only_lease_renewals() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_millis(500), 5).await;
+    let before = {
+        let world = cluster.world.lock().unwrap();
+        (world.lease_writes, world.reports.clone())
+    };
+    let window = Duration::from_secs(5);
+    tokio::time::sleep(window).await;
+    let (renewals, reports) = {
+        let world = cluster.world.lock().unwrap();
+        (world.lease_writes - before.0, world.reports.clone())
+    };
+    let expected = window.as_secs_f64() / cluster.timings.renew_period.as_secs_f64();
+    assert!((renewals as f64) <= expected + 1.0, "{renewals} lease writes in {window:?}");
+    assert!(renewals >= 1, "the primary must renew its lease");
+    assert_eq!(reports, before.1, "reports are republished only on change, even under writes");
+    eprintln!("FIGURES steady state: {renewals} lease writes in {window:?}, no report writes, while committing");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_status_command_reports_role_timeline_and_positions() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, NAMES).await;
+    let status = |name: &str, extra: &[&str]| {
+        let socket_dir = cluster.socket_dir(name);
+        std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+            .args(["instance", "status", "--user", loopback::SUPERUSER, "--socket-dir"])
+            .arg(socket_dir)
+            .args(["--port", &cluster.port(name).to_string()])
+            .args(extra)
+            .output()
+            .expect("run dbservice-operator")
+    };
+    for (name, in_recovery) in [("db-0", false), ("db-1", true)] {
+        let output = status(name, &[]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+        assert_eq!(json["inRecovery"], in_recovery, "{json}");
+        assert_eq!(json["timeline"], 1, "{json}");
+        let position = if in_recovery { "receivedLsn" } else { "currentLsn" };
+        let lsn: dbservice_operator::failover::Lsn = json[position].as_str().expect(position).parse().unwrap();
+        assert!(lsn.0 > 0, "{json}");
+        assert_eq!(json["streaming"], in_recovery, "{json}");
+    }
+    let bad_flag = status("db-0", &["--timeout-seconds", "0"]);
+    assert_eq!(bad_flag.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&bad_flag.stderr);
+    assert_eq!(message.trim().lines().count(), 1, "{message}");
+    assert!(message.contains("--timeout-seconds"), "{message}");
+    let unreachable = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+        .args(["instance", "status", "--socket-dir", "/nonexistent", "--timeout-seconds", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unreachable.stderr).contains("connect to local postgres"));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_whose_agent_holds_the_lease_restarts_in_place() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    // A failover delay longer than crash recovery: the restart in place wins.
+    let settings = FailoverSettings { failover_delay: Duration::from_secs(10), ..Default::default() };
+    let mut cluster = Cluster::start_with(pg_bin, NAMES, settings).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let pgdata = cluster.pgdata("db-0");
+    let old_pid = loopback::postmaster_pid(&pgdata);
+    let crashed = Instant::now();
+    signal_postgres(&pgdata, libc::SIGKILL);
+    let port = cluster.port("db-0");
+    cluster
+        .wait_for("a new postmaster", Duration::from_secs(30), async || {
+            loopback::postmaster_pid(&pgdata) != old_pid && postmaster_alive(&pgdata)
+        })
+        .await;
+    let restarted = Instant::now();
+    cluster
+        .wait_for("a commit after the restart", Duration::from_secs(30), async || {
+            cluster.first_ack_after(restarted, port).is_some()
+        })
+        .await;
+    let recovery = cluster.first_ack_after(restarted, port).unwrap() - crashed;
+    let acknowledged = cluster.stop_writer().await;
+    let stored = cluster.stored_ids(port).await;
+    let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    assert!(lost.is_empty(), "crash recovery in place keeps every acknowledged commit: {lost:?}");
+    assert!(primary_changes(&cluster).is_empty(), "no failover for a crash the agent recovers from");
+    assert_eq!(cluster.scalar(port, "SELECT timeline_id::text FROM pg_control_checkpoint()").await, "1");
+    cluster.assert_follows("db-1", "db-0").await;
+    eprintln!(
+        "FIGURES crash in place (postmaster SIGKILL, agent alive): {:.2} s to the next commit; {} acknowledged, 0 lost",
+        recovery.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
