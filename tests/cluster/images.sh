@@ -200,7 +200,7 @@ operator_image() {
       { tail -n 40 "$IMAGE_CACHE/operator-build.log" >&2; die "the operator image did not build"; }
     save "$OPERATOR_IMAGE" "$archive"
     log "built $OPERATOR_IMAGE in $((SECONDS - started))s"
-  elif [ ! -s "$archive" ] || ! tar -xOf "$archive" manifest.json 2>/dev/null | grep -q "$OPERATOR_IMAGE"; then
+  elif [ ! -s "$archive" ] || [[ "$(tar -xOf "$archive" manifest.json 2>/dev/null)" != *"$OPERATOR_IMAGE"* ]]; then
     save "$OPERATOR_IMAGE" "$archive"
   fi
   check_operator_image
@@ -220,7 +220,10 @@ check_operator_image() {
   for shell in bin/sh bin/bash bin/busybox usr/bin/apt-get usr/bin/dpkg; do
     [ -e "$mount_point/$shell" ] && problem="$problem $shell"
   done
-  file "$mount_point/usr/local/bin/dbservice-operator" | grep -q 'statically linked\|static-pie linked' || problem="$problem dynamic-binary"
+  case "$(file "$mount_point/usr/local/bin/dbservice-operator")" in
+    *"statically linked"* | *"static-pie linked"*) ;;
+    *) problem="$problem dynamic-binary" ;;
+  esac
   buildah umount "$container" >/dev/null
   buildah rm "$container" >/dev/null
   [ -z "$problem" ] || die "the operator image must have no shell or package manager and a static binary:$problem"

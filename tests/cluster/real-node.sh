@@ -214,7 +214,8 @@ network() {
 EOF
   # The bridge exists before the first pod, so CoreDNS and the apiserver relay can bind the gateway.
   ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
-  ip addr show dev "$BRIDGE" | grep -q "inet $GATEWAY/" || ip addr add "$GATEWAY/24" dev "$BRIDGE"
+  # (compared as a string: with pipefail, `| grep -q` can fail the pipeline through SIGPIPE)
+  [[ "$(ip addr show dev "$BRIDGE")" == *"inet $GATEWAY/"* ]] || ip addr add "$GATEWAY/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   # Services backed by kwok pods are DNATed to fake IPs: those packets must never leave the machine.
   ip route replace blackhole "$KWOK_CIDR"
@@ -492,7 +493,7 @@ check_clean() {
   [ "$(iptables-save 2>/dev/null | grep -c KUBE- || true)" = 0 ] || left+=("iptables KUBE-* rules")
   [ "$(ip6tables-save 2>/dev/null | grep -c KUBE- || true)" = 0 ] || left+=("ip6tables KUBE-* rules")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
-  ip route show type blackhole 2>/dev/null | grep -q "$KWOK_CIDR" && left+=("blackhole route $KWOK_CIDR")
+  [[ "$(ip route show type blackhole 2>/dev/null)" == *"$KWOK_CIDR"* ]] && left+=("blackhole route $KWOK_CIDR")
   [ -z "$(ip netns list 2>/dev/null | awk '/^cni-/')" ] || left+=("network namespaces cni-*")
   [ -e "$CONTAINERD_STATE" ] && left+=("$CONTAINERD_STATE")
   [ -e "$RN/volumes" ] && left+=("volumes in $RN/volumes")
