@@ -33,7 +33,14 @@ helm upgrade --install dbservice-operator "$repo/charts/dbservice-operator" \
   --namespace "$release_namespace" --reset-values \
   --set image.repository="${image%:*}" --set image.tag="${image##*:}" --wait --timeout 300s >/dev/null
 kubectl -n "$release_namespace" get pods -o wide
-echo "Lease holder: $(kubectl -n "$release_namespace" get lease dbservice-operator-leader -o jsonpath='{.spec.holderIdentity}')"
+# The Lease may still name an operator that ran before (it expires within its duration): wait for a pod.
+pods="$(kubectl -n "$release_namespace" get pods -l app.kubernetes.io/name=dbservice-operator -o jsonpath='{.items[*].metadata.name}')"
+for _ in $(seq 60); do
+  holder="$(kubectl -n "$release_namespace" get lease dbservice-operator-leader -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)"
+  [[ -n "$holder" && " $pods " == *" $holder "* ]] && break
+  sleep 1
+done
+echo "Lease holder: $holder"
 
 step "a bad DatabaseService is rejected at admission (examples/bad-databaseservice.yaml)"
 "$repo/tests/cluster/real-node.sh" namespace "$namespace"
