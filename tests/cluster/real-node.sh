@@ -137,13 +137,22 @@ require() {
   kubectl get --raw /readyz >/dev/null || die "the apiserver of $CLUSTER_DIR does not answer"
 }
 
+# One real node per machine: refuse while another cluster directory's real node still runs (its pid files
+# name live processes whose command lines point into it). A dead owner's leftovers are cleaned by `down`.
 claim_machine() {
   if [ -s "$OWNER_FILE" ] && [ "$(cat "$OWNER_FILE")" != "$CLUSTER_DIR" ]; then
-    local other
+    local other file pid cmdline
     other="$(cat "$OWNER_FILE")"
-    if [ -d "$other/real-node/pids" ] && compgen -G "$other/real-node/pids/*.pid" >/dev/null; then
-      die "the real node of this machine belongs to $other (one per machine); stop it there or set DBSERVICE_REAL_NODE=0"
-    fi
+    for file in "$other"/real-node/pids/*.pid; do
+      [ -s "$file" ] || continue
+      pid="$(cat "$file")"
+      cmdline="$( { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null)" || continue
+      if [[ "$cmdline" == *"$other/real-node/"* ]]; then
+        die "the real node of this machine belongs to $other (one per machine); stop it there or set DBSERVICE_REAL_NODE=0"
+      fi
+    done
+    log "the real node of $other is not running any more: cleaning up what it left"
+    STALE_ROOT="$other/real-node/" down
   fi
   echo "$CLUSTER_DIR" >"$OWNER_FILE"
 }
@@ -456,7 +465,7 @@ down() {
   stop containerd
   for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCKET" || true); do kill -KILL "$pid" 2>/dev/null || true; done
   # Mounts left under our directories (overlay rootfs, shm, volumes), deepest first.
-  awk '{print $2}' /proc/mounts | grep -E "^($RN/|$CONTAINERD_STATE/|/run/containerd/|/run/netns/cni-)" | sort -r |
+  awk '{print $2}' /proc/mounts | grep -E "^($RN/|$CONTAINERD_STATE/|/run/containerd/|/run/netns/cni-${STALE_ROOT:+|$STALE_ROOT})" | sort -r |
     while read -r mount; do umount -l "$mount" 2>/dev/null || true; done
   if [ -x "$K8S_DIR/kube-proxy" ]; then "$K8S_DIR/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
   # What the kubelet creates and kube-proxy --cleanup leaves (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
