@@ -466,7 +466,7 @@ down() {
   for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCKET" || true); do kill -KILL "$pid" 2>/dev/null || true; done
   # Mounts left under our directories (overlay rootfs, shm, volumes), deepest first.
   awk '{print $2}' /proc/mounts | grep -E "^($RN/|$CONTAINERD_STATE/|/run/containerd/|/run/netns/cni-${STALE_ROOT:+|$STALE_ROOT})" | sort -r |
-    while read -r mount; do umount -l "$mount" 2>/dev/null || true; done
+    while read -r mount; do umount -l "$mount" 2>/dev/null || true; done || true
   if [ -x "$K8S_DIR/kube-proxy" ]; then "$K8S_DIR/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
   # What the kubelet creates and kube-proxy --cleanup leaves (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
   # KUBE-IPTABLES-HINT...): every KUBE-* jump and chain, in both families. One real node per machine, so
@@ -474,7 +474,7 @@ down() {
   for tool in iptables ip6tables; do
     for table in filter nat mangle; do
       "$tool" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | sed 's/^-A /-D /' |
-        while read -r rule; do eval "$tool -t $table $rule" 2>/dev/null || true; done
+        while read -r rule; do eval "$tool -t $table $rule" 2>/dev/null || true; done || true
       for chain in $("$tool" -t "$table" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$tool" -t "$table" -F "$chain" 2>/dev/null || true; done
       for chain in $("$tool" -t "$table" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}'); do "$tool" -t "$table" -X "$chain" 2>/dev/null || true; done
     done
