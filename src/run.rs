@@ -5,6 +5,7 @@ use crate::cli::{CertsArgs, LedgerArgs, RunArgs, WebhookArgs};
 use crate::controller::{self, ControllerSettings};
 use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
+use crate::webhook::limits::{RequestLimits, ServerLimits};
 use crate::webhook::server::{bind, serve_plain, serve_tls};
 use crate::webhook::tls::{install_crypto_provider, ReloadingCertificate};
 use crate::webhook::{admission_router, probe_router, AdmissionState, Readiness};
@@ -43,12 +44,15 @@ async fn start_servers(
     let certificate = ReloadingCertificate::load(&args.tls_cert, &args.tls_key)
         .map_err(|error| anyhow::anyhow!("--tls-cert/--tls-key: {error}"))?;
     let state = AdmissionState::new(&args.min_storage_size, metrics.clone())
-        .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?;
+        .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
+        .with_limits(RequestLimits::new(args.max_concurrent_requests));
+    let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;
     let probe_listener = bind(args.probe_listen, "--probe-listen").await?;
     tracing::info!(listen = %args.listen, probe_listen = %args.probe_listen, "admission server listening");
     let watch_task = tokio::spawn(certificate.clone().watch(CERTIFICATE_POLL, metrics.clone()));
-    let tls_task = tokio::spawn(serve_tls(webhook_listener, admission_router(state), certificate, shutdown.clone()));
+    let tls_task =
+        tokio::spawn(serve_tls(webhook_listener, admission_router(state), certificate, limits, shutdown.clone()));
     let probe_task = tokio::spawn(serve_plain(probe_listener, probe_router(metrics, readiness.clone()), shutdown));
     readiness.set(true);
     Ok(vec![tls_task, probe_task, watch_task])

@@ -74,7 +74,7 @@ impl Server {
         let listener = TcpListener::bind((loopback(), 0)).await.unwrap();
         let address = listener.local_addr().unwrap();
         let (shutdown, stop) = watch::channel(false);
-        let task = tokio::spawn(serve_tls(listener, router, certificate.clone(), stop));
+        let task = tokio::spawn(serve_tls(listener, router, certificate.clone(), Default::default(), stop));
         Self { address, shutdown, task, certificate, metrics }
     }
 
