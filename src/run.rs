@@ -75,9 +75,9 @@ pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
 /// `dbservice-operator run`: admission server, leader election and controller.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     install_crypto_provider();
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let config = kube_config().await?;
+    // Every replica manages certificates; only the leader's controller writes (gated client).
+    let client = crate::client::client(&config, None)?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
@@ -110,7 +110,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity: args.identity.clone(),
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
     };
-    let (leader, election_task) = election.spawn(client.clone(), metrics.clone(), shutdown.clone());
+    let (leader, election_task) = election.spawn(&config, metrics.clone(), shutdown.clone())?;
+    let client = crate::client::client(&config, Some(leader.clone()))?;
     let context = Arc::new(controller::Context {
         client: client.clone(),
         recorder: controller::recorder(client.clone(), &args.identity),
@@ -140,6 +141,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Kubernetes configuration from KUBECONFIG or the in-cluster environment.
+async fn kube_config() -> anyhow::Result<kube::Config> {
+    kube::Config::infer().await.context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")
+}
+
 /// `dbservice-operator certs`.
 pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
     let bundle = crate::certificates::generate_bundle(&args.dns, &args.ip)?;
@@ -160,9 +166,7 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::controller::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     install_crypto_provider();
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let client = crate::client::client(&kube_config().await?, None)?;
     let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
     let database = databases.get_opt(&args.name).await?;
