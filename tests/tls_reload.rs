@@ -127,7 +127,12 @@ fn label(certificate: &[u8], a: &CertificateBundle, b: &CertificateBundle) -> &'
 
 /// DER of the first certificate of a PEM chain.
 fn der(pem: &str) -> Vec<u8> {
-    rustls_pemfile::certs(&mut pem.as_bytes()).next().unwrap().unwrap().as_ref().to_vec()
+    <CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .as_ref()
+        .to_vec()
 }
 
 /// POSTs one valid review; Ok with the DER of the certificate the connection presented.

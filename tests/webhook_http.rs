@@ -361,6 +361,20 @@ async fn mutate_returns_a_json_patch_with_the_defaults() {
     );
 }
 
+/// The patch must apply to the object exactly as sent, even one without `metadata` (the
+/// mutating webhook runs before schema validation): a valid JSON Patch adds the parent first.
+#[tokio::test]
+async fn mutate_patch_applies_to_an_object_without_metadata() {
+    let metrics = Arc::new(Metrics::new());
+    let object = json!({"apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "spec": complete_spec()});
+    let response = admit(router(&metrics), "/mutate", &review("CREATE", Some(object.clone()), None)).await;
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let patch: json_patch::Patch = serde_json::from_value(decoded_patch(&response)).unwrap();
+    let mut patched = object;
+    json_patch::patch(&mut patched, &patch).expect("the patch applies to the object as sent");
+    assert_eq!(patched["metadata"]["finalizers"], json!(["dbservice.dev/cleanup"]), "{patched}");
+}
+
 #[tokio::test]
 async fn mutate_of_a_complete_object_returns_no_patch() {
     let metrics = Arc::new(Metrics::new());

@@ -100,17 +100,26 @@ pub fn probe_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
         )
 }
 
-/// A request the server cannot process: answered with a status and a one-line reason.
-fn plain(status: StatusCode, reason: impl Into<String>) -> Response {
-    (status, format!("{}\n", reason.into())).into_response()
+/// A request the server cannot process: answered with a status and a one-line reason (the
+/// apiserver logs the body of a failed webhook call).
+struct Rejection(StatusCode, String);
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        (self.0, format!("{}\n", self.1)).into_response()
+    }
 }
 
-fn too_large(limit: usize) -> Response {
+fn plain(status: StatusCode, reason: impl Into<String>) -> Rejection {
+    Rejection(status, reason.into())
+}
+
+fn too_large(limit: usize) -> Rejection {
     plain(StatusCode::PAYLOAD_TOO_LARGE, format!("request body is larger than {limit} bytes"))
 }
 
 /// The declared body length; an unparsable header is a 400 (hyper rejects most of them first).
-fn content_length(headers: &HeaderMap) -> Result<Option<usize>, Response> {
+fn content_length(headers: &HeaderMap) -> Result<Option<usize>, Rejection> {
     let Some(value) = headers.get(header::CONTENT_LENGTH) else {
         return Ok(None);
     };
@@ -130,7 +139,7 @@ async fn read_body(
     body: Body,
     declared: Option<usize>,
     limits: &RequestLimits,
-) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), Response> {
+) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), Rejection> {
     let mut body = body;
     let mut buffer: Vec<u8> = Vec::new();
     let mut reserved: Option<OwnedSemaphorePermit> = None;
@@ -217,11 +226,11 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
     let started = Instant::now();
     let declared = match content_length(request.headers()) {
         Ok(declared) => declared,
-        Err(response) => return response,
+        Err(rejection) => return rejection.into_response(),
     };
     // Refused before a byte of the body is read.
     if declared.is_some_and(|length| length > state.limits.body_limit) {
-        return too_large(state.limits.body_limit);
+        return too_large(state.limits.body_limit).into_response();
     }
     let work = async {
         let (body, _budget) = read_body(request.into_body(), declared, &state.limits).await?;
@@ -240,13 +249,16 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
             ),
         };
         record(&state, webhook, started, operation, &decision);
-        Ok::<_, Response>(
+        Ok::<_, Rejection>(
             ([(header::CONTENT_TYPE, "application/json")], decision.response.into_review_json()).into_response(),
         )
     };
     match tokio::time::timeout(state.limits.request_timeout, work).await {
-        Ok(Ok(response) | Err(response)) => response,
-        Err(_) => plain(StatusCode::REQUEST_TIMEOUT, "the request was not received and decided in time"),
+        Ok(Ok(response)) => response,
+        Ok(Err(rejection)) => rejection.into_response(),
+        Err(_) => {
+            plain(StatusCode::REQUEST_TIMEOUT, "the request was not received and decided in time").into_response()
+        }
     }
 }
 

@@ -5,8 +5,9 @@
 //! ever built (an 8 MiB array inside an object used to cost ~280 MiB of RSS that way), and a
 //! malformed spec becomes a denial with the request's uid rather than an anonymous 400.
 
-use crate::api::{DatabaseService, GROUP};
+use crate::api::{DatabaseService, DatabaseServiceSpec, DatabaseServiceStatus, GROUP};
 use base64::Engine;
+use kube::api::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -182,13 +183,24 @@ impl Request<'_> {
     }
 }
 
+/// A DatabaseService whose metadata may be missing: the mutating webhook runs before schema
+/// validation, and such an object still gets its defaults (and a patch that creates metadata).
+#[derive(Deserialize)]
+struct Object {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    spec: DatabaseServiceSpec,
+    #[serde(default)]
+    status: Option<DatabaseServiceStatus>,
+}
+
 /// Parses a raw object; `null` counts as absent.
 fn parse_object(raw: Option<&RawValue>, field: &str) -> Result<Option<DatabaseService>, Refusal> {
     let Some(raw) = raw.filter(|raw| raw.get() != "null") else {
         return Ok(None);
     };
-    serde_json::from_str::<DatabaseService>(raw.get())
-        .map(Some)
+    serde_json::from_str::<Object>(raw.get())
+        .map(|Object { metadata, spec, status }| Some(DatabaseService { metadata, spec, status }))
         .map_err(|error| Refusal::Malformed(format!("{field}: Invalid value: {error}")))
 }
 
