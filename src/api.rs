@@ -55,9 +55,11 @@ pub struct DatabaseServiceSpec {
     pub username: String,
     /// Container image; defaults to postgres:<version>. The tag must not be "latest".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
     pub image: Option<String>,
     /// StorageClass of the data volumes; the cluster default when absent. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub storage_class_name: Option<String>,
     /// CPU and memory for the PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +100,7 @@ pub struct DatabaseServiceStatus {
     pub phase: Option<Phase>,
     /// Ready, Progressing, Degraded, InvalidSpec, StorageReady, RolledBack, CredentialsReady.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

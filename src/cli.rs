@@ -95,6 +95,12 @@ pub struct WebhookArgs {
     /// Smallest spec.storageSize accepted (a Kubernetes quantity).
     #[arg(long, env = "DBSERVICE_MIN_STORAGE_SIZE", default_value = "1Gi", value_parser = quantity)]
     pub min_storage_size: String,
+    /// Connections open at once to the admission port; more clients wait in the listen backlog.
+    #[arg(long, env = "DBSERVICE_MAX_CONNECTIONS", default_value_t = crate::webhook::limits::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    pub max_connections: usize,
+    /// Admission requests parsed and decided at once; others wait (within the request timeout).
+    #[arg(long, env = "DBSERVICE_MAX_CONCURRENT_REQUESTS", default_value_t = crate::webhook::limits::DEFAULT_MAX_CONCURRENT_REQUESTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    pub max_concurrent_requests: usize,
     /// Log format.
     #[arg(long, env = "DBSERVICE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -32,8 +32,57 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
         "rule": "self.version.split('.')[0] == oldSelf.version.split('.')[0]",
         "message": "changing the major version is not supported: major upgrades need pg_upgrade"
     }]);
+    let root = &mut definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    cap_sizes(&mut root["properties"]["spec"]);
+    cap_sizes(&mut root["properties"]["status"]);
     strip_nulls(&mut definition);
     serde_json::from_value(definition).expect("the amended CRD deserializes")
+}
+
+/// Default caps for strings, lists and maps that the types do not cap themselves: with them, the
+/// largest DatabaseService the schema accepts stays far below the webhook's 1 MiB body limit
+/// (hundreds of thousands of `resources.claims` used to be accepted, a 3 MiB object).
+pub const DEFAULT_MAX_LENGTH: u64 = 1024;
+/// Default `maxItems` of a list.
+pub const DEFAULT_MAX_ITEMS: u64 = 16;
+/// Default `maxProperties` of a map (`additionalProperties`).
+pub const DEFAULT_MAX_PROPERTIES: u64 = 16;
+/// Condition messages may be long (Kubernetes' own limit for them).
+const CONDITION_MESSAGE_MAX_LENGTH: u64 = 32768;
+
+/// Adds maxLength to every string, maxItems to every list and maxProperties to every map of
+/// the schema that has none. int-or-string nodes (quantities) have no `type` and are left as
+/// they are: a structural schema allows no string validation on them.
+fn cap_sizes(schema: &mut Value) {
+    let Value::Object(node) = schema else {
+        return;
+    };
+    match node.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            let cap = match node.get("description").and_then(Value::as_str) {
+                Some(description) if description.starts_with("message is a human readable message") => {
+                    CONDITION_MESSAGE_MAX_LENGTH
+                }
+                _ => DEFAULT_MAX_LENGTH,
+            };
+            node.entry("maxLength").or_insert(json!(cap));
+        }
+        Some("array") => {
+            node.entry("maxItems").or_insert(json!(DEFAULT_MAX_ITEMS));
+        }
+        Some("object") if node.contains_key("additionalProperties") => {
+            node.entry("maxProperties").or_insert(json!(DEFAULT_MAX_PROPERTIES));
+        }
+        _ => {}
+    }
+    if let Some(Value::Object(properties)) = node.get_mut("properties") {
+        properties.values_mut().for_each(cap_sizes);
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = node.get_mut(key) {
+            cap_sizes(child);
+        }
+    }
 }
 
 fn strip_nulls(value: &mut Value) {
@@ -47,10 +96,53 @@ fn strip_nulls(value: &mut Value) {
 
 /// The CRD as YAML, as printed by `dbservice-operator crd`.
 pub fn crd_yaml() -> String {
-    serde_yaml::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
+    serde_saphyr::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
 }
 
 /// Only the CRD's `.spec` as YAML: the chart wraps it with its own metadata.
 pub fn crd_spec_yaml() -> String {
-    serde_yaml::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
+    serde_saphyr::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every string, list and map of spec and status has a size cap (int-or-string quantities
+    /// excepted: a structural schema allows no string validation on them).
+    #[test]
+    fn every_string_list_and_map_is_capped() {
+        fn uncapped(schema: &Value, path: &str, found: &mut Vec<String>) {
+            let Value::Object(node) = schema else { return };
+            let cap = match node.get("type").and_then(Value::as_str) {
+                Some("string") => Some("maxLength"),
+                Some("array") => Some("maxItems"),
+                Some("object") if node.contains_key("additionalProperties") => Some("maxProperties"),
+                _ => None,
+            };
+            if let Some(cap) = cap.filter(|cap| !node.contains_key(*cap)) {
+                found.push(format!("{path}: no {cap}"));
+            }
+            if let Some(Value::Object(properties)) = node.get("properties") {
+                for (name, child) in properties {
+                    uncapped(child, &format!("{path}.{name}"), found);
+                }
+            }
+            for key in ["items", "additionalProperties"] {
+                if let Some(child) = node.get(key) {
+                    uncapped(child, &format!("{path}[]"), found);
+                }
+            }
+        }
+        let definition = serde_json::to_value(custom_resource_definition()).unwrap();
+        let root = &definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+        let mut found = Vec::new();
+        uncapped(&root["spec"], "spec", &mut found);
+        uncapped(&root["status"], "status", &mut found);
+        assert!(found.is_empty(), "uncapped: {found:#?}");
+        let spec = &root["spec"]["properties"];
+        assert_eq!(spec["resources"]["properties"]["claims"]["maxItems"], 16);
+        assert_eq!(spec["image"]["maxLength"], crate::validation::MAX_IMAGE_LENGTH);
+        assert_eq!(spec["storageClassName"]["maxLength"], crate::validation::MAX_DNS_SUBDOMAIN_LENGTH);
+    }
 }

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod certificates;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod crd;
 pub mod failover;

@@ -2,6 +2,7 @@
 
 use crate::api::{default_image, DatabaseService, DeletionPolicy, DEFAULT_REPLICAS, FINALIZER};
 use crate::validation::major_version;
+use kube::api::ObjectMeta;
 use serde_json::{json, Value};
 
 /// Computes the JSONPatch that fills defaults and adds the cleanup finalizer.
@@ -38,6 +39,12 @@ pub fn default_patch(object: &DatabaseService, old: Option<&DatabaseService>) ->
         _ => {}
     }
     match &object.metadata.finalizers {
+        // No metadata at all (possible before schema validation, in the mutating webhook): a
+        // patch must add the parent first. Adding /metadata replaces an empty one, so this is
+        // also right when the object had `metadata: {}`.
+        None if object.metadata == ObjectMeta::default() => {
+            operations.push(json!({"op": "add", "path": "/metadata", "value": {"finalizers": [FINALIZER]}}));
+        }
         None => operations.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})),
         Some(finalizers) if !finalizers.iter().any(|finalizer| finalizer == FINALIZER) => {
             operations.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));

@@ -5,6 +5,7 @@ use crate::cli::{CertsArgs, LedgerArgs, RunArgs, WebhookArgs};
 use crate::controller::{self, ControllerSettings};
 use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
+use crate::webhook::limits::{RequestLimits, ServerLimits};
 use crate::webhook::server::{bind, serve_plain, serve_tls};
 use crate::webhook::tls::{install_crypto_provider, ReloadingCertificate};
 use crate::webhook::{admission_router, probe_router, AdmissionState, Readiness};
@@ -43,12 +44,15 @@ async fn start_servers(
     let certificate = ReloadingCertificate::load(&args.tls_cert, &args.tls_key)
         .map_err(|error| anyhow::anyhow!("--tls-cert/--tls-key: {error}"))?;
     let state = AdmissionState::new(&args.min_storage_size, metrics.clone())
-        .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?;
+        .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
+        .with_limits(RequestLimits::new(args.max_concurrent_requests));
+    let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;
     let probe_listener = bind(args.probe_listen, "--probe-listen").await?;
     tracing::info!(listen = %args.listen, probe_listen = %args.probe_listen, "admission server listening");
     let watch_task = tokio::spawn(certificate.clone().watch(CERTIFICATE_POLL, metrics.clone()));
-    let tls_task = tokio::spawn(serve_tls(webhook_listener, admission_router(state), certificate, shutdown.clone()));
+    let tls_task =
+        tokio::spawn(serve_tls(webhook_listener, admission_router(state), certificate, limits, shutdown.clone()));
     let probe_task = tokio::spawn(serve_plain(probe_listener, probe_router(metrics, readiness.clone()), shutdown));
     readiness.set(true);
     Ok(vec![tls_task, probe_task, watch_task])
@@ -71,9 +75,9 @@ pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
 /// `dbservice-operator run`: admission server, leader election and controller.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     install_crypto_provider();
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let config = kube_config().await?;
+    // Every replica manages certificates; only the leader's controller writes (gated client).
+    let client = crate::client::client(&config, None)?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
@@ -106,7 +110,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity: args.identity.clone(),
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
     };
-    let (leader, election_task) = election.spawn(client.clone(), metrics.clone(), shutdown.clone());
+    let (leader, election_task) = election.spawn(&config, metrics.clone(), shutdown.clone())?;
+    let client = crate::client::client(&config, Some(leader.clone()))?;
     let context = Arc::new(controller::Context {
         client: client.clone(),
         recorder: controller::recorder(client.clone(), &args.identity),
@@ -136,6 +141,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Kubernetes configuration from KUBECONFIG or the in-cluster environment.
+async fn kube_config() -> anyhow::Result<kube::Config> {
+    kube::Config::infer().await.context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")
+}
+
 /// `dbservice-operator certs`.
 pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
     let bundle = crate::certificates::generate_bundle(&args.dns, &args.ip)?;
@@ -156,9 +166,7 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::controller::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     install_crypto_provider();
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    let client = crate::client::client(&kube_config().await?, None)?;
     let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
     let database = databases.get_opt(&args.name).await?;

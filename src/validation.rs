@@ -4,7 +4,7 @@
 //! errors (`spec.version: Invalid value: "latest": must match ...`).
 
 use crate::api::{DatabaseService, DatabaseServiceSpec, MAX_REPLICAS, MIN_REPLICAS};
-use crate::quantity::parse_bytes;
+use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
 use chrono::NaiveDate;
 use std::fmt;
 use std::sync::LazyLock;
@@ -35,6 +35,35 @@ static IDENTIFIER_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z_][a-z0-9_]*$").expect("identifier pattern compiles"));
 static DNS_LABEL_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("label pattern compiles"));
+
+/// Longest `spec.image` accepted: a 255-character repository name, a 128-character tag and a
+/// sha512 digest fit.
+pub const MAX_IMAGE_LENGTH: usize = 512;
+/// Longest repository name, registry included (distribution/reference NameTotalLengthMax).
+pub const MAX_IMAGE_NAME_LENGTH: usize = 255;
+/// Longest DNS subdomain (RFC 1123), the limit of a StorageClass name.
+pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
+
+/// The OCI / distribution reference grammar (github.com/distribution/reference, regexp.go),
+/// anchored: capture 1 is the name, 2 the tag, 3 the digest. The repository path is lowercase;
+/// only the registry host may have uppercase letters.
+const IMAGE_PATTERN: &str = concat!(
+    // name: optional registry host (domain or [IPv6]) with optional port, then the path
+    r"^((?:(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*",
+    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?",
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)",
+    // tag
+    r"(?::([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?",
+    // digest
+    r"(@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$",
+);
+
+static IMAGE_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(IMAGE_PATTERN).expect("image pattern compiles"));
+static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        .expect("subdomain pattern compiles")
+});
 
 /// Inputs of validation that come from the operator's configuration or the clock.
 #[derive(Clone, Debug)]
@@ -183,6 +212,9 @@ pub fn validate(
     if let Some(image) = spec.image.as_deref() {
         validate_image(image, &mut outcome.errors);
     }
+    if let Some(storage_class) = spec.storage_class_name.as_deref() {
+        validate_storage_class(storage_class, &mut outcome.errors);
+    }
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
     }
@@ -240,10 +272,20 @@ fn validate_storage(spec: &DatabaseServiceSpec, settings: &ValidationSettings, e
         return;
     }
     match parse_bytes(&spec.storage_size) {
-        Err(_) => errors.push(FieldError::invalid(
+        Err(ParseQuantityError::Malformed(_)) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            shown(&spec.storage_size),
+            "must be a quantity such as 10Gi (a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G, T or an exponent such as e9, no spaces)",
+        )),
+        Err(ParseQuantityError::Negative(_)) => errors.push(FieldError::invalid(
             "spec.storageSize",
             &spec.storage_size,
-            "must be a quantity such as 10Gi (a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G, T)",
+            format!("must be at least {}", settings.min_storage_size),
+        )),
+        Err(ParseQuantityError::TooLarge(_)) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            shown(&spec.storage_size),
+            format!("must be at most 8Ei ({MAX_BYTES} bytes)"),
         )),
         Ok(bytes) if bytes < settings.min_storage_bytes => errors.push(FieldError::invalid(
             "spec.storageSize",
@@ -278,14 +320,60 @@ pub fn image_tag(image: &str) -> Option<&str> {
 }
 
 fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
-    let detail =
-        "must name an explicit tag or digest other than \"latest\", so that every instance runs the same version";
-    if image.trim().is_empty() || image.contains(char::is_whitespace) {
-        errors.push(FieldError::invalid("spec.image", image, "must be a container image reference"));
-    } else if image.contains('@') {
-        // A digest pins the image whatever the tag says.
-    } else if matches!(image_tag(image), None | Some("latest") | Some("")) {
-        errors.push(FieldError::invalid("spec.image", image, detail));
+    if image.len() > MAX_IMAGE_LENGTH {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            format!("must be at most {MAX_IMAGE_LENGTH} characters"),
+        ));
+        return;
+    }
+    let Some(captures) = IMAGE_REGEX.captures(image) else {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            "must be an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lowercase letters, digits and separators (. _ __ -), the tag at most 128 word characters, '.' or '-'",
+        ));
+        return;
+    };
+    let name = captures.get(1).map_or("", |name| name.as_str());
+    if name.len() > MAX_IMAGE_NAME_LENGTH {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            format!("repository name must be at most {MAX_IMAGE_NAME_LENGTH} characters"),
+        ));
+        return;
+    }
+    // A digest pins the image whatever the tag says.
+    let has_digest = captures.get(3).is_some();
+    let tag = captures.get(2).map(|tag| tag.as_str());
+    if !has_digest && matches!(tag, None | Some("latest")) {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            image,
+            "must name an explicit tag or digest other than \"latest\", so that every instance runs the same version",
+        ));
+    }
+}
+
+fn validate_storage_class(name: &str, errors: &mut Vec<FieldError>) {
+    if name.len() > MAX_DNS_SUBDOMAIN_LENGTH || !DNS_SUBDOMAIN_REGEX.is_match(name) {
+        errors.push(FieldError::invalid(
+            "spec.storageClassName",
+            shown(name),
+            format!("must be the name of a StorageClass: a lowercase RFC 1123 subdomain of at most {MAX_DNS_SUBDOMAIN_LENGTH} characters (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"),
+        ));
+    }
+}
+
+/// A value as quoted in a message: long values are cut, so that a denial stays readable and
+/// small (control and bidirectional characters are escaped by the `{:?}` of the message).
+fn shown(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}... ({} bytes)", &value[..cut], value.len()),
+        None => value.to_string(),
     }
 }
 

@@ -28,7 +28,7 @@ fn fixtures() -> Vec<(String, DatabaseService)> {
             let name = file.file_name().unwrap().to_string_lossy().into_owned();
             let text = std::fs::read_to_string(&file).unwrap();
             let database: DatabaseService =
-                serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not a DatabaseService: {error}"));
+                serde_saphyr::from_str(&text).unwrap_or_else(|error| panic!("{name}: not a DatabaseService: {error}"));
             (name, database)
         })
         .collect()

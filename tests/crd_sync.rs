@@ -160,7 +160,7 @@ fn crd_schema_defaults_and_ranges_match_the_api() {
 /// The apiserver rejects a structural schema holding nulls; the generator strips them.
 #[test]
 fn crd_spec_yaml_holds_no_null() {
-    let spec: Value = serde_yaml::from_str(&crd_spec_yaml()).unwrap();
+    let spec: Value = serde_saphyr::from_str(&crd_spec_yaml()).unwrap();
     fn find_null(value: &Value, path: &str) -> Option<String> {
         match value {
             Value::Null => Some(path.to_string()),

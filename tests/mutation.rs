@@ -80,7 +80,7 @@ fn mutation_fixture_descriptions_are_unique() {
 /// The patched object carries exactly the defaults the rest of the operator assumes.
 #[test]
 fn patched_minimal_object_has_every_default() {
-    let object: DatabaseService = serde_yaml::from_str(
+    let object: DatabaseService = serde_saphyr::from_str(
         r#"
 apiVersion: dbservice.dev/v1
 kind: DatabaseService

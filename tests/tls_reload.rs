@@ -74,7 +74,7 @@ impl Server {
         let listener = TcpListener::bind((loopback(), 0)).await.unwrap();
         let address = listener.local_addr().unwrap();
         let (shutdown, stop) = watch::channel(false);
-        let task = tokio::spawn(serve_tls(listener, router, certificate.clone(), stop));
+        let task = tokio::spawn(serve_tls(listener, router, certificate.clone(), Default::default(), stop));
         Self { address, shutdown, task, certificate, metrics }
     }
 
@@ -127,7 +127,12 @@ fn label(certificate: &[u8], a: &CertificateBundle, b: &CertificateBundle) -> &'
 
 /// DER of the first certificate of a PEM chain.
 fn der(pem: &str) -> Vec<u8> {
-    rustls_pemfile::certs(&mut pem.as_bytes()).next().unwrap().unwrap().as_ref().to_vec()
+    <CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .as_ref()
+        .to_vec()
 }
 
 /// POSTs one valid review; Ok with the DER of the certificate the connection presented.

@@ -78,7 +78,7 @@ fn validation_fixture_descriptions_are_unique() {
 /// The denial message joins every field error with ", " (as Kubernetes does), in order.
 #[test]
 fn message_joins_every_error_in_order() {
-    let object: DatabaseService = serde_yaml::from_str(
+    let object: DatabaseService = serde_saphyr::from_str(
         r#"
 apiVersion: dbservice.dev/v1
 kind: DatabaseService
@@ -98,7 +98,7 @@ spec: {version: "12", storageSize: 10Gi, databaseName: app, username: postgres}
 /// The minimum storage size comes from the operator's flag, and the message quotes the flag.
 #[test]
 fn minimum_storage_size_follows_the_settings() {
-    let object: DatabaseService = serde_yaml::from_str(
+    let object: DatabaseService = serde_saphyr::from_str(
         r#"
 apiVersion: dbservice.dev/v1
 kind: DatabaseService

@@ -6,7 +6,10 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use base64::Engine;
 use dbservice_operator::metrics::Metrics;
-use dbservice_operator::webhook::{admission_router, probe_router, AdmissionState, Readiness, BODY_LIMIT_BYTES};
+use dbservice_operator::webhook::{
+    admission_router, probe_router, AdmissionState, Readiness, RequestLimits, BODY_LIMIT_BYTES,
+};
+use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -87,13 +90,12 @@ async fn get(router: Router, path: &str) -> (StatusCode, Option<String>, String)
     (status, content_type, String::from_utf8(body.to_vec()).unwrap())
 }
 
-/// The JSONPatch of a mutate response. kube-core serializes `patch` (Go []byte) as an array of
-/// numbers, which Go's encoding/json accepts as well as the base64 string it writes itself.
+/// The JSONPatch of a mutate response. `patch` is Go's []byte, whose canonical JSON form is a
+/// base64 string (what the Go reference webhook sends; an array of numbers is ~2.6x larger).
 fn decoded_patch(response: &Value) -> Value {
     let bytes = match &response["patch"] {
         Value::String(encoded) => base64::engine::general_purpose::STANDARD.decode(encoded).expect("base64 patch"),
-        Value::Array(numbers) => numbers.iter().map(|number| number.as_u64().expect("byte") as u8).collect(),
-        other => panic!("no patch in {response}: {other}"),
+        other => panic!("no base64 patch in {response}: {other}"),
     };
     serde_json::from_slice(&bytes).expect("the patch is JSON")
 }
@@ -172,17 +174,66 @@ async fn malformed_json_is_a_400_with_a_one_line_reason() {
     assert!(text.starts_with("malformed AdmissionReview"), "{text:?}");
 }
 
+/// A review for anything but a DatabaseService is denied with its uid (the webhook configuration
+/// should never send one; if it does, nothing the webhook does not understand gets through).
 #[tokio::test]
-async fn review_of_a_pod_is_a_400() {
+async fn review_of_a_pod_is_denied_as_not_understood() {
     let mut pod_review =
         review("CREATE", Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})), None);
     pod_review["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
     pod_review["request"]["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
     for path in ["/validate", "/mutate"] {
-        let text = bad_request_body(path, serde_json::to_vec(&pod_review).unwrap()).await;
-        assert!(text.contains("only admits dbservice.dev DatabaseService"), "{path}: {text:?}");
-        assert!(text.contains("Pod"), "{path}: {text:?}");
+        let response = admit(router(&Arc::new(Metrics::new())), path, &pod_review).await;
+        assert_eq!(response["uid"], REQUEST_UID, "{path}");
+        assert_eq!(response["allowed"], false, "{path}: {response}");
+        assert_eq!(response["status"]["code"], 400, "{path}: {response}");
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(message.contains("only admits dbservice.dev/v1 DatabaseService"), "{path}: {message}");
+        assert!(message.contains("Pod"), "{path}: {message}");
     }
+}
+
+/// Every request the webhook does not understand is denied, never allowed by default.
+#[tokio::test]
+async fn requests_the_webhook_does_not_understand_are_denied() {
+    let object = database(complete_spec());
+    let mut other_resource = review("CREATE", Some(object.clone()), None);
+    other_resource["request"]["resource"]["resource"] = json!("secrets");
+    let mut sub_resource = review("UPDATE", Some(object.clone()), Some(object.clone()));
+    sub_resource["request"]["subResource"] = json!("status");
+    let mut other_version = review("CREATE", Some(object.clone()), None);
+    other_version["request"]["kind"]["version"] = json!("v2");
+    let cases = [
+        ("CREATE without an object", review("CREATE", None, None), "CREATE without an object"),
+        ("UPDATE without an object", review("UPDATE", None, Some(object.clone())), "UPDATE without an object"),
+        ("UPDATE without an old object", review("UPDATE", Some(object.clone()), None), "without an oldObject"),
+        ("CONNECT", review("CONNECT", Some(object.clone()), None), "operation \"CONNECT\""),
+        ("an unknown operation", review("PURGE", Some(object.clone()), None), "operation \"PURGE\""),
+        ("another resource", other_resource, "secrets.dbservice.dev"),
+        ("a subresource", sub_resource, "subresource \"status\""),
+        ("another version", other_version, "dbservice.dev/v2"),
+    ];
+    for (name, case, expected) in cases {
+        for path in ["/validate", "/mutate"] {
+            let response = admit(router(&Arc::new(Metrics::new())), path, &case).await;
+            assert_eq!(response["allowed"], false, "{name} on {path}: {response}");
+            assert_eq!(response["status"]["code"], 400, "{name} on {path}: {response}");
+            let message = response["status"]["message"].as_str().unwrap();
+            assert!(message.contains(expected), "{name} on {path}: {message}");
+        }
+    }
+}
+
+/// An attacker-chosen operation name must not become a metrics label (unbounded series).
+#[tokio::test]
+async fn unknown_operations_are_counted_under_one_label() {
+    let metrics = Arc::new(Metrics::new());
+    for operation in ["PURGE-1", "PURGE-2", "PURGE-3"] {
+        admit(router(&metrics), "/validate", &review(operation, Some(database(valid_spec())), None)).await;
+    }
+    let text = metrics.encode();
+    assert!(!text.contains("PURGE"), "{text}");
+    assert!(text.contains("operation=\"UNKNOWN\",result=\"denied\"} 3"), "{text}");
 }
 
 #[tokio::test]
@@ -205,21 +256,73 @@ async fn review_of_another_api_version_is_a_400() {
 }
 
 #[tokio::test]
-async fn body_over_8_mib_is_rejected_with_413() {
+async fn body_over_1_mib_is_rejected_with_413() {
+    assert_eq!(BODY_LIMIT_BYTES, 1024 * 1024);
     let metrics = Arc::new(Metrics::new());
     let oversized = vec![b' '; BODY_LIMIT_BYTES + 1];
     for path in ["/validate", "/mutate"] {
+        // Without Content-Length (chunked): refused once the limit is crossed.
+        let stream = futures::stream::iter(
+            oversized.chunks(64 * 1024).map(|chunk| Ok::<_, std::io::Error>(chunk.to_vec())).collect::<Vec<_>>(),
+        );
+        let (status, _) = post(router(&metrics), path, Body::from_stream(stream)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
         let (status, _) = post(router(&metrics), path, oversized.clone()).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
     }
 }
 
-/// The apiserver accepts objects up to about 3 MiB; such a review must get through the body limit.
+/// A declared 20 MiB body is refused from its Content-Length, before any byte of it arrives:
+/// the body here never sends anything, so only an early answer can pass.
 #[tokio::test]
-async fn review_of_a_3_mib_object_is_answered() {
+async fn declared_oversized_body_is_refused_before_it_is_read() {
+    let metrics = Arc::new(Metrics::new());
+    let never = futures::stream::pending::<Result<Vec<u8>, std::io::Error>>();
+    let request = Request::post("/validate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, 20 * 1024 * 1024)
+        .body(Body::from_stream(never))
+        .unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), router(&metrics).oneshot(request))
+        .await
+        .expect("answered without waiting for the body")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+/// A body that stops arriving is answered 408 after the request timeout instead of being held.
+#[tokio::test]
+async fn stalled_body_is_answered_408_after_the_request_timeout() {
+    let metrics = Arc::new(Metrics::new());
+    let mut limits = RequestLimits::new(4);
+    limits.request_timeout = std::time::Duration::from_millis(300);
+    let router = admission_router(AdmissionState::new("1Gi", metrics).unwrap().with_limits(limits));
+    let first = futures::stream::iter([Ok::<_, std::io::Error>(b"{\"apiVersion\":".to_vec())]);
+    let stalled = first.chain(futures::stream::pending());
+    let started = std::time::Instant::now();
+    let (status, _) = post(router, "/validate", Body::from_stream(stalled)).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "took {:?}", started.elapsed());
+}
+
+/// A body arriving one byte per frame (one byte per TLS record) is reassembled correctly.
+#[tokio::test]
+async fn body_sent_one_byte_per_frame_is_answered() {
+    let metrics = Arc::new(Metrics::new());
+    let bytes = serde_json::to_vec(&review("CREATE", Some(database(valid_spec())), None)).unwrap();
+    let frames = futures::stream::iter(bytes.into_iter().map(|byte| Ok::<_, std::io::Error>(vec![byte])));
+    let (status, body) = post(router(&metrics), "/validate", Body::from_stream(frames)).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+/// The largest review a real object produces gets through the body limit.
+#[tokio::test]
+async fn review_of_a_900_kib_object_is_answered() {
     let metrics = Arc::new(Metrics::new());
     let mut object = database(complete_spec());
-    object["metadata"]["annotations"] = json!({"example.com/blob": "x".repeat(3 * 1024 * 1024)});
+    object["metadata"]["annotations"] = json!({"example.com/blob": "x".repeat(900 * 1024)});
     let response = admit(router(&metrics), "/validate", &review("CREATE", Some(object), None)).await;
     assert_eq!(response["allowed"], true, "{}", response["status"]);
 }
@@ -256,6 +359,20 @@ async fn mutate_returns_a_json_patch_with_the_defaults() {
             {"op": "add", "path": "/metadata/finalizers", "value": ["dbservice.dev/cleanup"]},
         ])
     );
+}
+
+/// The patch must apply to the object exactly as sent, even one without `metadata` (the
+/// mutating webhook runs before schema validation): a valid JSON Patch adds the parent first.
+#[tokio::test]
+async fn mutate_patch_applies_to_an_object_without_metadata() {
+    let metrics = Arc::new(Metrics::new());
+    let object = json!({"apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "spec": complete_spec()});
+    let response = admit(router(&metrics), "/mutate", &review("CREATE", Some(object.clone()), None)).await;
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let patch: json_patch::Patch = serde_json::from_value(decoded_patch(&response)).unwrap();
+    let mut patched = object;
+    json_patch::patch(&mut patched, &patch).expect("the patch applies to the object as sent");
+    assert_eq!(patched["metadata"]["finalizers"], json!(["dbservice.dev/cleanup"]), "{patched}");
 }
 
 #[tokio::test]

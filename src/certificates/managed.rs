@@ -1,13 +1,18 @@
-//! Self-managed webhook certificates in-cluster: the CA and the serving certificate live in a
-//! Secret in the operator's namespace, every replica writes them to its TLS files (the reloader
-//! picks them up), and the caBundle of the operator's own webhook configurations is patched with
-//! the CA (never the leaf). A timer re-checks that the live caBundle trusts the served
-//! certificate, repairs it, and renews before expiry. A renewed CA is appended to the caBundle
-//! before any certificate signed by it is served, so no admission fails during rotation.
+//! Self-managed webhook certificates in-cluster: the CA certificate and the serving certificate
+//! live in a Secret in the operator's namespace, every replica writes them to its TLS files (the
+//! reloader picks them up), and the caBundle of the operator's own webhook configurations is
+//! patched with the CA (never the leaf). A timer re-checks that the live caBundle trusts the
+//! served certificate, repairs it, and renews before expiry.
+//!
+//! No CA private key is kept anywhere: each issuance makes a fresh single-use CA, signs the
+//! serving certificate and forgets the CA key. Whoever can read the serving Secret can therefore
+//! impersonate only this webhook's serving key (which it already has), not mint new certificates
+//! the apiserver trusts. A renewal appends the new CA to the caBundle (still-valid old CAs stay,
+//! so connections to not-yet-reloaded replicas keep working) before any certificate signed by it
+//! is served, so no admission fails during rotation. Secrets written by older versions, which
+//! held `ca.key`, are rotated once to drop it.
 
-use super::{
-    bundle_trusts, generate_ca, generate_serving_certificate, write_atomically, CA_VALIDITY, SERVING_VALIDITY,
-};
+use super::{bundle_trusts, generate_ca, generate_serving_certificate, write_atomically, SERVING_VALIDITY};
 use crate::webhook::tls::seconds_to_expiry;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Secret;
@@ -22,8 +27,10 @@ use thiserror::Error;
 
 /// Renew the serving certificate when less than this is left (a third of its life).
 const SERVING_RENEW_BEFORE_SECONDS: f64 = 120.0 * 86400.0;
-/// Renew the CA when less than this is left.
-const CA_RENEW_BEFORE_SECONDS: f64 = 365.0 * 86400.0;
+/// Validity of a single-use CA: the serving certificate's, plus a day of clock skew.
+const MANAGED_CA_VALIDITY: time::Duration = time::Duration::days(SERVING_VALIDITY.whole_days() + 1);
+/// Key of the CA private key in Secrets written by older versions; removed on sight.
+const LEGACY_CA_KEY: &str = "ca.key";
 
 /// Managing certificates failed.
 #[derive(Debug, Error)]
@@ -49,7 +56,7 @@ pub enum ManageCertificatesError {
 pub struct ManagedCertificates {
     /// Operator namespace.
     pub namespace: String,
-    /// Secret holding ca.crt, ca.key, tls.crt, tls.key.
+    /// Secret holding ca.crt, ca-bundle.crt, tls.crt, tls.key (no CA key).
     pub secret_name: String,
     /// Service in front of the webhook port (its DNS names go into the certificate).
     pub service_name: String,
@@ -97,28 +104,30 @@ impl ManagedCertificates {
         self.write_files(&certificate, &key)
     }
 
+    /// A fresh single-use CA and a serving certificate signed by it; the CA key is dropped here.
+    /// The caBundle keeps the still-valid CAs of `previous_bundle` and adds the new one.
     fn new_secret_data(
         &self,
-        ca_certificate: &str,
-        ca_key: &str,
-        ca_bundle: &str,
+        previous_bundle: Option<&str>,
     ) -> Result<BTreeMap<String, ByteString>, ManageCertificatesError> {
+        let (ca_certificate, ca_key) = generate_ca(MANAGED_CA_VALIDITY)?;
         let (certificate, key) =
-            generate_serving_certificate(ca_certificate, ca_key, &self.dns_names(), &[], SERVING_VALIDITY)?;
-        Ok([
-            ("ca.crt", ca_certificate.to_string()),
-            ("ca.key", ca_key.to_string()),
-            ("ca-bundle.crt", ca_bundle.to_string()),
-            ("tls.crt", certificate),
-            ("tls.key", key),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_string(), ByteString(value.into_bytes())))
-        .collect())
+            generate_serving_certificate(&ca_certificate, &ca_key, &self.dns_names(), &[], SERVING_VALIDITY)?;
+        drop(ca_key);
+        let mut bundle: String = previous_bundle
+            .map(pem_certificates)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|pem| seconds_to_expiry(pem.as_bytes()).unwrap_or(0.0) > 0.0)
+            .collect();
+        bundle.push_str(&ca_certificate);
+        Ok([("ca.crt", ca_certificate), ("ca-bundle.crt", bundle), ("tls.crt", certificate), ("tls.key", key)]
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), ByteString(value.into_bytes())))
+            .collect())
     }
 
     async fn create_secret(&self, secrets: &Api<Secret>) -> Result<Secret, ManageCertificatesError> {
-        let (ca_certificate, ca_key) = generate_ca(CA_VALIDITY)?;
         let secret = Secret {
             metadata: kube::api::ObjectMeta {
                 name: Some(self.secret_name.clone()),
@@ -126,7 +135,7 @@ impl ManagedCertificates {
                 ..Default::default()
             },
             type_: Some("kubernetes.io/tls".into()),
-            data: Some(self.new_secret_data(&ca_certificate, &ca_key, &ca_certificate)?),
+            data: Some(self.new_secret_data(None)?),
             ..Default::default()
         };
         match secrets.create(&PostParams::default(), &secret).await {
@@ -141,35 +150,11 @@ impl ManagedCertificates {
     }
 
     async fn renew_if_needed(&self, secrets: &Api<Secret>, secret: Secret) -> Result<Secret, ManageCertificatesError> {
-        let (Some(ca_certificate), Some(ca_key)) = (text(&secret, "ca.crt"), text(&secret, "ca.key")) else {
-            return self.replace(secrets, secret, None).await;
-        };
-        let ca_left = seconds_to_expiry(ca_certificate.as_bytes()).unwrap_or(0.0);
-        let serving_left = text(&secret, "tls.crt").and_then(|pem| seconds_to_expiry(pem.as_bytes())).unwrap_or(0.0);
-        if ca_left < CA_RENEW_BEFORE_SECONDS {
-            return self.replace(secrets, secret, Some(ca_certificate)).await;
+        if !needs_renewal(&secret) {
+            return Ok(secret);
         }
-        if serving_left < SERVING_RENEW_BEFORE_SECONDS {
-            let bundle = text(&secret, "ca-bundle.crt").unwrap_or_else(|| ca_certificate.clone());
-            let data = self.new_secret_data(&ca_certificate, &ca_key, &bundle)?;
-            return self.update(secrets, secret, data).await;
-        }
-        Ok(secret)
-    }
-
-    /// A new CA; the old one stays in the bundle until it expires (overlap).
-    async fn replace(
-        &self,
-        secrets: &Api<Secret>,
-        secret: Secret,
-        old_ca: Option<String>,
-    ) -> Result<Secret, ManageCertificatesError> {
-        let (ca_certificate, ca_key) = generate_ca(CA_VALIDITY)?;
-        let bundle = match old_ca {
-            Some(old) if seconds_to_expiry(old.as_bytes()).unwrap_or(0.0) > 0.0 => format!("{old}{ca_certificate}"),
-            _ => ca_certificate.clone(),
-        };
-        let data = self.new_secret_data(&ca_certificate, &ca_key, &bundle)?;
+        let previous_bundle = text(&secret, "ca-bundle.crt").or_else(|| text(&secret, "ca.crt"));
+        let data = self.new_secret_data(previous_bundle.as_deref())?;
         self.update(secrets, secret, data).await
     }
 
@@ -247,6 +232,34 @@ impl ManagedCertificates {
     }
 }
 
+/// Whether the Secret must get new certificates: a legacy CA key at rest, a missing part, or a
+/// serving certificate within [`SERVING_RENEW_BEFORE_SECONDS`] of expiry.
+fn needs_renewal(secret: &Secret) -> bool {
+    let legacy_key = secret.data.as_ref().is_some_and(|data| data.contains_key(LEGACY_CA_KEY));
+    let serving_left = text(secret, "tls.crt").and_then(|pem| seconds_to_expiry(pem.as_bytes())).unwrap_or(0.0);
+    legacy_key
+        || text(secret, "ca.crt").is_none()
+        || text(secret, "tls.key").is_none()
+        || serving_left < SERVING_RENEW_BEFORE_SECONDS
+}
+
+/// The PEM blocks of the certificates in a bundle, each with its BEGIN and END lines.
+fn pem_certificates(bundle: &str) -> Vec<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut certificates = Vec::new();
+    let mut rest = bundle;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(length) = rest[start..].find(END) else {
+            break;
+        };
+        let end = start + length + END.len();
+        certificates.push(format!("{}\n", &rest[start..end]));
+        rest = &rest[end..];
+    }
+    certificates
+}
+
 /// Patches the caBundles of one webhook configuration when they do not trust `certificate`.
 async fn repair_ca_bundle<K>(
     api: &Api<K>,
@@ -293,4 +306,78 @@ fn ca_bundle_patch(
         .map(|index| json!({"op": "add", "path": format!("/webhooks/{index}/clientConfig/caBundle"), "value": encoded}))
         .collect();
     serde_json::from_value(serde_json::Value::Array(operations)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn managed() -> ManagedCertificates {
+        ManagedCertificates {
+            namespace: "operators".into(),
+            secret_name: "webhook-tls".into(),
+            service_name: "webhook".into(),
+            validating_webhook: "v".into(),
+            mutating_webhook: "m".into(),
+            certificate_path: "/nonexistent/tls.crt".into(),
+            key_path: "/nonexistent/tls.key".into(),
+        }
+    }
+
+    fn secret(data: BTreeMap<String, ByteString>) -> Secret {
+        Secret { data: Some(data), ..Default::default() }
+    }
+
+    fn string(data: &BTreeMap<String, ByteString>, key: &str) -> String {
+        String::from_utf8(data[key].0.clone()).unwrap()
+    }
+
+    #[test]
+    fn no_ca_private_key_is_kept_and_the_bundle_trusts_the_serving_certificate() {
+        let data = managed().new_secret_data(None).unwrap();
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["ca-bundle.crt", "ca.crt", "tls.crt", "tls.key"]);
+        for (name, value) in &data {
+            let text = String::from_utf8(value.0.clone()).unwrap();
+            let private_keys = text.matches("PRIVATE KEY-----").count() / 2;
+            assert_eq!(private_keys, usize::from(name == "tls.key"), "{name} holds {private_keys} private keys");
+        }
+        assert!(bundle_trusts(string(&data, "ca-bundle.crt").as_bytes(), string(&data, "tls.crt").as_bytes()));
+        assert!(!needs_renewal(&secret(data)), "a fresh Secret needs no renewal");
+    }
+
+    #[test]
+    fn a_legacy_secret_with_a_ca_key_is_rotated_and_keeps_trusting_the_old_certificate() {
+        let mut legacy = managed().new_secret_data(None).unwrap();
+        legacy.insert(LEGACY_CA_KEY.into(), ByteString(b"-----BEGIN PRIVATE KEY-----".to_vec()));
+        assert!(needs_renewal(&secret(legacy.clone())));
+        let old_bundle = string(&legacy, "ca-bundle.crt");
+        let renewed = managed().new_secret_data(Some(&old_bundle)).unwrap();
+        assert!(!renewed.contains_key(LEGACY_CA_KEY));
+        let bundle = string(&renewed, "ca-bundle.crt");
+        assert_eq!(pem_certificates(&bundle).len(), 2, "old and new CA during the overlap");
+        // Replicas still serving the old certificate stay trusted until they reload.
+        assert!(bundle_trusts(bundle.as_bytes(), string(&legacy, "tls.crt").as_bytes()));
+        assert!(bundle_trusts(bundle.as_bytes(), string(&renewed, "tls.crt").as_bytes()));
+    }
+
+    #[test]
+    fn expired_cas_leave_the_bundle() {
+        let (expired, _) = generate_ca(time::Duration::hours(-2)).unwrap();
+        let data = managed().new_secret_data(Some(&expired)).unwrap();
+        assert_eq!(pem_certificates(&string(&data, "ca-bundle.crt")).len(), 1);
+    }
+
+    #[test]
+    fn a_serving_certificate_near_expiry_needs_renewal() {
+        let (ca_certificate, ca_key) = generate_ca(MANAGED_CA_VALIDITY).unwrap();
+        let (certificate, key) =
+            generate_serving_certificate(&ca_certificate, &ca_key, &["webhook".into()], &[], time::Duration::days(30))
+                .unwrap();
+        let data = [("ca.crt", ca_certificate), ("tls.crt", certificate), ("tls.key", key)]
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), ByteString(value.into_bytes())))
+            .collect();
+        assert!(needs_renewal(&secret(data)));
+    }
 }

@@ -7,6 +7,8 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,
 };
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use std::net::IpAddr;
 use std::path::Path;
 use thiserror::Error;
@@ -137,13 +139,13 @@ pub fn write_atomically(path: &Path, content: &[u8], private: bool) -> std::io::
 
 /// Whether `certificate` was signed by one of the CAs in the PEM `bundle`.
 pub fn bundle_trusts(bundle: &[u8], certificate: &[u8]) -> bool {
-    let Some(Ok(leaf_der)) = rustls_pemfile::certs(&mut &certificate[..]).next() else {
+    let Some(Ok(leaf_der)) = CertificateDer::pem_slice_iter(certificate).next() else {
         return false;
     };
     let Ok((_, leaf)) = x509_parser::parse_x509_certificate(leaf_der.as_ref()) else {
         return false;
     };
-    rustls_pemfile::certs(&mut &bundle[..]).filter_map(Result::ok).any(|ca_der| {
+    CertificateDer::pem_slice_iter(bundle).filter_map(Result::ok).any(|ca_der| {
         x509_parser::parse_x509_certificate(ca_der.as_ref())
             .map(|(_, ca)| leaf.verify_signature(Some(ca.public_key())).is_ok() && ca.validity().is_valid())
             .unwrap_or(false)

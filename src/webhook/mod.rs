@@ -1,28 +1,28 @@
 //! The admission webhook server: `/validate` and `/mutate` over HTTPS, and the probe and
 //! metrics endpoints on a separate plain-HTTP port so that kubelet probes never need TLS.
 
+pub mod limits;
+pub mod review;
 pub mod server;
 pub mod tls;
 
-use crate::api::{DatabaseService, GROUP};
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics, WebhookLabels};
 use crate::mutation::default_patch;
 use crate::quantity::parse_bytes;
 use crate::validation::{validate, ValidationSettings};
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::DynamicObject;
+use axum::Router;
+use http_body_util::BodyExt;
+pub use limits::{RequestLimits, BODY_LIMIT_BYTES};
+use review::{parse_request, Admission, Operation, Refusal};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Largest AdmissionReview accepted; the apiserver caps objects at about 3 MiB, so this is generous.
-pub const BODY_LIMIT_BYTES: usize = 8 * 1024 * 1024;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// State shared by the admission handlers.
 #[derive(Clone)]
@@ -31,13 +31,20 @@ pub struct AdmissionState {
     pub min_storage_size: String,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
+    /// Size, time and concurrency bounds.
+    pub limits: RequestLimits,
 }
 
 impl AdmissionState {
-    /// State with the given minimum storage size; fails when it is not a quantity.
+    /// State with the given minimum storage size and the default limits; fails when it is not a quantity.
     pub fn new(min_storage_size: &str, metrics: Arc<Metrics>) -> Result<Self, crate::quantity::ParseQuantityError> {
         parse_bytes(min_storage_size)?;
-        Ok(Self { min_storage_size: min_storage_size.to_string(), metrics })
+        Ok(Self { min_storage_size: min_storage_size.to_string(), metrics, limits: RequestLimits::default() })
+    }
+
+    /// The same state with other limits.
+    pub fn with_limits(self, limits: RequestLimits) -> Self {
+        Self { limits, ..self }
     }
 
     fn settings(&self) -> ValidationSettings {
@@ -45,13 +52,10 @@ impl AdmissionState {
     }
 }
 
-/// Routes of the HTTPS admission server.
+/// Routes of the HTTPS admission server. Each handler reads its own body within the limits of
+/// the state (no axum body limit layer: the early 413 and the budget need the raw body).
 pub fn admission_router(state: AdmissionState) -> Router {
-    Router::new()
-        .route("/validate", post(validate_handler))
-        .route("/mutate", post(mutate_handler))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .with_state(state)
+    Router::new().route("/validate", post(validate_handler)).route("/mutate", post(mutate_handler)).with_state(state)
 }
 
 /// Readiness of the process, flipped by the server once it listens and on shutdown.
@@ -96,148 +100,211 @@ pub fn probe_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
         )
 }
 
-/// A request the server cannot process: answered with 400 and a one-line reason.
-fn bad_request(reason: impl Into<String>) -> Response {
-    (StatusCode::BAD_REQUEST, format!("{}\n", reason.into())).into_response()
+/// A request the server cannot process: answered with a status and a one-line reason (the
+/// apiserver logs the body of a failed webhook call).
+struct Rejection(StatusCode, String);
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        (self.0, format!("{}\n", self.1)).into_response()
+    }
 }
 
-/// Parses the body into a request for a DatabaseService, or explains in one line why not.
-fn parse_request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(body).map_err(|error| format!("malformed AdmissionReview: {error}"))?;
-    if review.types.kind != "AdmissionReview" || review.types.api_version != "admission.k8s.io/v1" {
-        return Err(format!(
-            "expected kind AdmissionReview in admission.k8s.io/v1, got kind {:?} in {:?}",
-            review.types.kind, review.types.api_version
-        ));
+fn plain(status: StatusCode, reason: impl Into<String>) -> Rejection {
+    Rejection(status, reason.into())
+}
+
+fn too_large(limit: usize) -> Rejection {
+    plain(StatusCode::PAYLOAD_TOO_LARGE, format!("request body is larger than {limit} bytes"))
+}
+
+/// The declared body length; an unparsable header is a 400 (hyper rejects most of them first).
+fn content_length(headers: &HeaderMap) -> Result<Option<usize>, Rejection> {
+    let Some(value) = headers.get(header::CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map(|length| Some(usize::try_from(length).unwrap_or(usize::MAX)))
+        .ok_or_else(|| plain(StatusCode::BAD_REQUEST, "invalid Content-Length"))
+}
+
+/// Reads the body into one buffer within the size limit and the shared body budget.
+///
+/// Frames are copied and dropped at once: holding hyper's frames would pin a read-buffer
+/// allocation per frame (a body sent one byte per TLS record held ~4 KB per byte).
+async fn read_body(
+    body: Body,
+    declared: Option<usize>,
+    limits: &RequestLimits,
+) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), Rejection> {
+    let mut body = body;
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut reserved: Option<OwnedSemaphorePermit> = None;
+    let reserve = |buffer: &mut Vec<u8>, needed: usize| {
+        let wanted = if buffer.capacity() >= needed {
+            None
+        } else {
+            // Grow to the declared length at once, otherwise by doubling, never past the limit.
+            let target = declared.unwrap_or(0).max(needed).max(buffer.capacity() * 2).max(4096);
+            Some(target.min(limits.body_limit))
+        };
+        wanted.map(|capacity| capacity - buffer.capacity())
+    };
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| plain(StatusCode::BAD_REQUEST, format!("cannot read the body: {error}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let needed = buffer.len() + data.len();
+        if needed > limits.body_limit {
+            return Err(too_large(limits.body_limit));
+        }
+        if let Some(extra) = reserve(&mut buffer, needed) {
+            let permit = limits.reserve_body(extra).await;
+            match &mut reserved {
+                Some(held) => held.merge(permit),
+                None => reserved = Some(permit),
+            }
+            buffer.reserve_exact(extra);
+        }
+        buffer.extend_from_slice(&data);
     }
-    let request: AdmissionRequest<DynamicObject> =
-        review.try_into().map_err(|_| "AdmissionReview has no request".to_string())?;
-    if request.kind.group != GROUP || request.kind.kind != "DatabaseService" {
-        return Err(format!(
-            "this webhook only admits {GROUP} DatabaseService, got {}/{} {}",
-            request.kind.group, request.kind.version, request.kind.kind
-        ));
-    }
-    Ok(request)
+    Ok((buffer, reserved))
 }
 
 /// A denial for an object whose fields have the wrong types (possible before schema validation,
 /// in the mutating webhook): 422 like a schema error, not the apiserver's default 403.
-fn malformed(response: AdmissionResponse, message: String) -> Decision {
-    let mut response = response.deny(message);
-    response.result.reason = "Invalid".into();
-    response.result.code = 422;
-    Decision { response, result: "denied", denial_reasons: vec!["MalformedObject"] }
-}
-
-/// Converts the raw object into the typed one; a malformed spec becomes a denial, not a 400.
-fn typed(object: Option<&DynamicObject>) -> Result<Option<DatabaseService>, String> {
-    object
-        .map(|object| {
-            let value = serde_json::to_value(object).map_err(|error| error.to_string())?;
-            serde_json::from_value::<DatabaseService>(value).map_err(|error| format!("spec: Invalid value: {error}"))
-        })
-        .transpose()
-}
-
-fn operation_name(request: &AdmissionRequest<DynamicObject>) -> String {
-    serde_json::to_value(&request.operation)
-        .ok()
-        .and_then(|value| value.as_str().map(str::to_string))
-        .unwrap_or_else(|| "UNKNOWN".into())
+fn malformed(uid: &str, message: String) -> Decision {
+    Decision {
+        response: review::Response::deny(uid, "Invalid", 422, message),
+        result: "denied",
+        denial_reasons: vec!["MalformedObject"],
+    }
 }
 
 struct Decision {
-    response: AdmissionResponse,
+    response: review::Response,
     result: &'static str,
     denial_reasons: Vec<&'static str>,
 }
 
-fn respond(state: &AdmissionState, webhook: &str, started: Instant, operation: String, decision: Decision) -> Response {
+impl Decision {
+    fn allow(uid: &str) -> Self {
+        Self { response: review::Response::allow(uid), result: "allowed", denial_reasons: vec![] }
+    }
+}
+
+fn record(state: &AdmissionState, webhook: &str, started: Instant, operation: &str, decision: &Decision) {
     let metrics = &state.metrics;
     metrics
         .admission_requests
-        .get_or_create(&AdmissionLabels { webhook: webhook.into(), operation, result: decision.result.into() })
+        .get_or_create(&AdmissionLabels {
+            webhook: webhook.into(),
+            operation: operation.into(),
+            result: decision.result.into(),
+        })
         .inc();
-    for reason in decision.denial_reasons {
-        metrics.admission_denials.get_or_create(&DenialLabels { webhook: webhook.into(), reason: reason.into() }).inc();
+    for reason in &decision.denial_reasons {
+        metrics
+            .admission_denials
+            .get_or_create(&DenialLabels { webhook: webhook.into(), reason: (*reason).into() })
+            .inc();
     }
     metrics
         .admission_duration
         .get_or_create(&WebhookLabels { webhook: webhook.into() })
         .observe(started.elapsed().as_secs_f64());
-    Json(decision.response.into_review()).into_response()
 }
 
-async fn validate_handler(State(state): State<AdmissionState>, body: Bytes) -> Response {
+type Decide = fn(&AdmissionState, &str, &Admission) -> Decision;
+
+/// Reads, parses and decides one review within the request's size, time and concurrency bounds.
+async fn handle(state: AdmissionState, webhook: &'static str, request: Request, decide: Decide) -> Response {
     let started = Instant::now();
-    let request = match parse_request(&body) {
-        Ok(request) => request,
-        Err(reason) => return bad_request(reason),
+    let declared = match content_length(request.headers()) {
+        Ok(declared) => declared,
+        Err(rejection) => return rejection.into_response(),
     };
-    let operation = operation_name(&request);
-    let decision = decide_validation(&state, &request);
-    respond(&state, "validate", started, operation, decision)
+    // Refused before a byte of the body is read.
+    if declared.is_some_and(|length| length > state.limits.body_limit) {
+        return too_large(state.limits.body_limit).into_response();
+    }
+    let work = async {
+        let (body, _budget) = read_body(request.into_body(), declared, &state.limits).await?;
+        let _slot = state.limits.decision_slot().await;
+        let parsed = parse_request(&body).map_err(|reason| plain(StatusCode::BAD_REQUEST, reason))?;
+        let (operation, decision) = match parsed.admission() {
+            Ok(admission) => (admission.operation.as_str(), decide(&state, &parsed.uid, &admission)),
+            Err(Refusal::Malformed(message)) => ("UNKNOWN", malformed(&parsed.uid, message)),
+            Err(Refusal::NotUnderstood(message)) => (
+                "UNKNOWN",
+                Decision {
+                    response: review::Response::deny(&parsed.uid, "BadRequest", 400, message),
+                    result: "denied",
+                    denial_reasons: vec!["NotUnderstood"],
+                },
+            ),
+        };
+        record(&state, webhook, started, operation, &decision);
+        Ok::<_, Rejection>(
+            ([(header::CONTENT_TYPE, "application/json")], decision.response.into_review_json()).into_response(),
+        )
+    };
+    match tokio::time::timeout(state.limits.request_timeout, work).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(rejection)) => rejection.into_response(),
+        Err(_) => {
+            plain(StatusCode::REQUEST_TIMEOUT, "the request was not received and decided in time").into_response()
+        }
+    }
 }
 
-fn decide_validation(state: &AdmissionState, request: &AdmissionRequest<DynamicObject>) -> Decision {
-    let response = AdmissionResponse::from(request);
-    let (object, old) = match (typed(request.object.as_ref()), typed(request.old_object.as_ref())) {
-        (Ok(object), Ok(old)) => (object, old),
-        (Err(message), _) | (_, Err(message)) => {
-            return malformed(response, message);
-        }
+async fn validate_handler(State(state): State<AdmissionState>, request: Request) -> Response {
+    handle(state, "validate", request, decide_validation).await
+}
+
+async fn mutate_handler(State(state): State<AdmissionState>, request: Request) -> Response {
+    handle(state, "mutate", request, decide_mutation).await
+}
+
+fn decide_validation(state: &AdmissionState, uid: &str, admission: &Admission) -> Decision {
+    // DELETE carries no new object: nothing to validate.
+    let Some(object) = admission.object.as_ref() else {
+        return Decision::allow(uid);
     };
-    // DELETE and CONNECT carry no new object: nothing to validate.
-    let Some(object) = object else {
-        return Decision { response, result: "allowed", denial_reasons: vec![] };
+    let old = match admission.operation {
+        Operation::Update => admission.old_object.as_ref(),
+        _ => None,
     };
-    let outcome = validate(&object, old.as_ref(), &state.settings());
-    let mut response = response;
-    if !outcome.warnings.is_empty() {
-        response.warnings = Some(outcome.warnings.clone());
-    }
+    let outcome = validate(object, old, &state.settings());
     if outcome.is_allowed() {
-        Decision { response, result: "allowed", denial_reasons: vec![] }
-    } else {
-        let reasons = outcome.errors.iter().map(|error| error.reason()).collect();
-        let mut response = response.deny(outcome.message());
-        response.result.reason = "Invalid".into();
-        response.result.code = 422;
-        Decision { response, result: "denied", denial_reasons: reasons }
+        let mut decision = Decision::allow(uid);
+        decision.response.warnings = outcome.warnings;
+        return decision;
     }
+    let reasons = outcome.errors.iter().map(|error| error.reason()).collect();
+    let mut response = review::Response::deny(uid, "Invalid", 422, outcome.message());
+    response.warnings = outcome.warnings;
+    Decision { response, result: "denied", denial_reasons: reasons }
 }
 
-async fn mutate_handler(State(state): State<AdmissionState>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let request = match parse_request(&body) {
-        Ok(request) => request,
-        Err(reason) => return bad_request(reason),
+fn decide_mutation(_state: &AdmissionState, uid: &str, admission: &Admission) -> Decision {
+    let Some(object) = admission.object.as_ref() else {
+        return Decision::allow(uid);
     };
-    let operation = operation_name(&request);
-    let decision = decide_mutation(&request);
-    respond(&state, "mutate", started, operation, decision)
-}
-
-fn decide_mutation(request: &AdmissionRequest<DynamicObject>) -> Decision {
-    let response = AdmissionResponse::from(request);
-    let (object, old) = match (typed(request.object.as_ref()), typed(request.old_object.as_ref())) {
-        (Ok(Some(object)), Ok(old)) => (object, old),
-        (Ok(None), _) => return Decision { response, result: "allowed", denial_reasons: vec![] },
-        (Err(message), _) | (_, Err(message)) => {
-            return malformed(response, message);
-        }
+    let old = match admission.operation {
+        Operation::Update => admission.old_object.as_ref(),
+        _ => None,
     };
-    match default_patch(&object, old.as_ref()) {
-        None => Decision { response, result: "allowed", denial_reasons: vec![] },
-        Some(patch) => match response.clone().with_patch(patch) {
-            Ok(response) => Decision { response, result: "patched", denial_reasons: vec![] },
-            Err(error) => Decision {
-                response: response.deny(format!("could not serialize the patch: {error}")),
-                result: "error",
-                denial_reasons: vec!["InternalError"],
-            },
+    match default_patch(object, old) {
+        None => Decision::allow(uid),
+        Some(patch) => Decision {
+            response: review::Response::allow(uid).with_patch(&patch),
+            result: "patched",
+            denial_reasons: vec![],
         },
     }
 }

@@ -1,40 +1,114 @@
-//! Serving the admission router over tokio-rustls and the probe router over plain HTTP.
+//! Serving the admission router over tokio-rustls and the probe router over plain HTTP, with a
+//! connection cap, handshake/header/idle timeouts and a backed-off accept loop.
 
+use super::limits::ServerLimits;
 use super::tls::{server_config, ReloadingCertificate};
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-/// How long a client has to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight requests get to finish after shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// First pause after a failed accept; doubles up to [`ACCEPT_BACKOFF_CAP`].
+const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
+/// Longest pause between accepts while they keep failing (e.g. out of file descriptors).
+const ACCEPT_BACKOFF_CAP: Duration = Duration::from_secs(1);
+/// At most one accept-failure log line per this interval.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Largest buffer hyper keeps per connection for reading: headers are small and the body is
+/// copied out frame by frame, so 64 KiB is plenty (hyper's default grows to ~400 KiB).
+const MAX_READ_BUFFER: usize = 64 * 1024;
+/// Connections to the probe port (kubelet and Prometheus need a handful).
+const MAX_PROBE_CONNECTIONS: usize = 64;
+
+/// Accepts connections once a connection slot is free; on errors (EMFILE, ENFILE, ENOBUFS…)
+/// backs off exponentially instead of spinning, and logs at most once per interval.
+struct Acceptor {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    backoff: Duration,
+    failures_since_log: u64,
+    last_log: Option<Instant>,
+    name: &'static str,
+}
+
+impl Acceptor {
+    fn new(listener: TcpListener, max_connections: usize, name: &'static str) -> Self {
+        Self {
+            listener,
+            slots: Arc::new(Semaphore::new(max_connections.max(1))),
+            backoff: ACCEPT_BACKOFF_START,
+            failures_since_log: 0,
+            last_log: None,
+            name,
+        }
+    }
+
+    /// The next connection with its slot (released when the connection task ends).
+    async fn accept(&mut self) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
+        // While every slot is taken, new clients wait in the kernel's listen backlog.
+        let slot = self.slots.clone().acquire_owned().await.expect("the connection semaphore is never closed");
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, peer)) => {
+                    self.backoff = ACCEPT_BACKOFF_START;
+                    return (stream, peer, slot);
+                }
+                Err(error) => {
+                    self.failures_since_log += 1;
+                    if self.last_log.is_none_or(|last| last.elapsed() >= ACCEPT_LOG_INTERVAL) {
+                        tracing::warn!(
+                            server = self.name,
+                            %error,
+                            failures = self.failures_since_log,
+                            retry_in_ms = self.backoff.as_millis() as u64,
+                            "accept failed; backing off"
+                        );
+                        self.last_log = Some(Instant::now());
+                        self.failures_since_log = 0;
+                    }
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(ACCEPT_BACKOFF_CAP);
+                }
+            }
+        }
+    }
+}
+
+fn http1(limits: &ServerLimits) -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The timer is what makes hyper enforce the header read timeout (without one it silently
+    // has none); hyper restarts it when a keep-alive connection goes idle.
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_READ_BUFFER)
+        .keep_alive(true);
+    builder
+}
 
 /// Serves `router` over HTTPS on `listener` until `shutdown` turns true, then drains.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
     certificate: Arc<ReloadingCertificate>,
+    limits: ServerLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(server_config(certificate)));
     let graceful = GracefulShutdown::new();
+    let builder = http1(&limits);
+    let mut connections = Acceptor::new(listener, limits.max_connections, "admission");
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    continue;
-                }
-            },
+        let (stream, peer, slot) = tokio::select! {
+            accepted = connections.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => break,
         };
         // Without TCP_NODELAY, Nagle's algorithm holds the first response written after the TLS
@@ -46,15 +120,16 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
+        let builder = builder.clone();
+        let handshake_timeout = limits.handshake_timeout;
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let _slot = slot;
+            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
-            let connection = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
@@ -66,18 +141,18 @@ pub async fn serve_tls(
 /// Serves `router` over plain HTTP until `shutdown` turns true.
 pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: watch::Receiver<bool>) {
     let graceful = GracefulShutdown::new();
+    let builder = http1(&ServerLimits::default());
+    let mut connections = Acceptor::new(listener, MAX_PROBE_CONNECTIONS, "probe");
     loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(_) => continue,
-            },
+        let (stream, _, slot) = tokio::select! {
+            accepted = connections.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => break,
         };
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let _slot = slot;
             let _ = watcher.watch(connection).await;
         });
     }

@@ -4,6 +4,7 @@
 
 use crate::metrics::Metrics;
 use rustls::crypto::ring::sign::any_supported_type;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -59,14 +60,12 @@ fn certified_key(
     key_path: &Path,
 ) -> Result<CertifiedKey, LoadCertificateError> {
     let chain: Vec<CertificateDer<'static>> =
-        rustls_pemfile::certs(&mut pair.certificate.as_slice()).filter_map(Result::ok).collect();
+        CertificateDer::pem_slice_iter(&pair.certificate).filter_map(Result::ok).collect();
     if chain.is_empty() {
         return Err(LoadCertificateError::NoCertificate(certificate_path.to_path_buf()));
     }
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut pair.key.as_slice())
-        .ok()
-        .flatten()
-        .ok_or_else(|| LoadCertificateError::NoKey(key_path.to_path_buf()))?;
+    let key: PrivateKeyDer<'static> =
+        PrivateKeyDer::from_pem_slice(&pair.key).map_err(|_| LoadCertificateError::NoKey(key_path.to_path_buf()))?;
     let signing_key = any_supported_type(&key)
         .map_err(|source| LoadCertificateError::Key { path: key_path.to_path_buf(), source })?;
     Ok(CertifiedKey::new(chain, signing_key))
@@ -74,7 +73,7 @@ fn certified_key(
 
 /// Seconds until the first certificate of a PEM chain expires (negative when expired).
 pub fn seconds_to_expiry(certificate_pem: &[u8]) -> Option<f64> {
-    let der = rustls_pemfile::certs(&mut &certificate_pem[..]).next()?.ok()?;
+    let der = CertificateDer::pem_slice_iter(certificate_pem).next()?.ok()?;
     let (_, parsed) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
     let not_after = parsed.validity().not_after.timestamp();
     Some((not_after - chrono::Utc::now().timestamp()) as f64)

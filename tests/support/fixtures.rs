@@ -17,15 +17,15 @@ pub fn load_cases<Case: DeserializeOwned>(directory: &str) -> Vec<(String, Case)
     for file in files {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(&file).unwrap_or_else(|error| panic!("{name}: {error}"));
-        let document: serde_yaml::Value =
-            serde_yaml::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
+        let document: serde_json::Value =
+            serde_saphyr::from_str(&text).unwrap_or_else(|error| panic!("{name}: not YAML: {error}"));
         let items = match document {
-            serde_yaml::Value::Sequence(items) => items,
+            serde_json::Value::Array(items) => items,
             single => vec![single],
         };
         assert!(!items.is_empty(), "{name} holds no case");
         for (index, item) in items.into_iter().enumerate() {
-            let case: Case = serde_yaml::from_value(item)
+            let case: Case = serde_json::from_value(item)
                 .unwrap_or_else(|error| panic!("{name} case #{index}: not a {directory} case: {error}"));
             cases.push((format!("{name} #{index}"), case));
         }

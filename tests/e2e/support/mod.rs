@@ -127,7 +127,7 @@ impl Drop for TestNamespace {
 
 /// A DatabaseService from YAML.
 pub fn database_from_yaml(yaml: &str) -> DatabaseService {
-    serde_yaml::from_str(yaml).expect("valid DatabaseService YAML")
+    serde_saphyr::from_str(yaml).expect("valid DatabaseService YAML")
 }
 
 /// A typical DatabaseService named `name`.

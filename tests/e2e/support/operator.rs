@@ -302,8 +302,8 @@ pub fn service_account_kubeconfig(directory: &Path) -> PathBuf {
 /// A kubeconfig holding a TokenRequest token of `account` in `namespace`.
 pub fn service_account_kubeconfig_for(directory: &Path, account: &str, namespace: &str) -> PathBuf {
     let token = kubectl(&["create", "token", account, "-n", namespace, "--duration=6h"]);
-    let admin: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig().unwrap()).unwrap()).unwrap();
+    let admin: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(admin_kubeconfig().unwrap()).unwrap()).unwrap();
     let cluster = &admin["clusters"][0]["cluster"];
     // Copy the cluster entry as it is (CA data or CA file path), only the user changes.
     let cluster: serde_json::Value = serde_json::to_value(cluster).unwrap();
@@ -317,6 +317,6 @@ pub fn service_account_kubeconfig_for(directory: &Path, account: &str, namespace
     });
     std::fs::create_dir_all(directory).unwrap();
     let path = directory.join(format!("{account}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
     path
 }

@@ -1,0 +1,201 @@
+//! Size, time and connection bounds of the HTTPS admission server, over real TLS in process
+//! (`webhook::server::serve_tls`): slow and idle clients are cut off, the connection cap holds,
+//! and a legitimate request is answered while slow clients hold connections.
+
+use dbservice_operator::certificates::{generate_bundle, write_bundle};
+use dbservice_operator::metrics::Metrics;
+use dbservice_operator::webhook::limits::ServerLimits;
+use dbservice_operator::webhook::server::serve_tls;
+use dbservice_operator::webhook::tls::{install_crypto_provider, ReloadingCertificate};
+use dbservice_operator::webhook::{admission_router, AdmissionState};
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// Upper bound of every wait; each test's own bound is much shorter.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Server {
+    address: SocketAddr,
+    connector: TlsConnector,
+    _shutdown: watch::Sender<bool>,
+    _directory: tempfile::TempDir,
+}
+
+async fn start(limits: ServerLimits) -> Server {
+    install_crypto_provider();
+    let directory = tempfile::tempdir().unwrap();
+    let bundle = generate_bundle(&["localhost".into()], &["127.0.0.1".parse().unwrap()]).unwrap();
+    write_bundle(&bundle, directory.path()).unwrap();
+    let certificate =
+        ReloadingCertificate::load(&directory.path().join("tls.crt"), &directory.path().join("tls.key")).unwrap();
+    let router = admission_router(AdmissionState::new("1Gi", Arc::new(Metrics::new())).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (shutdown, stop) = watch::channel(false);
+    tokio::spawn(serve_tls(listener, router, certificate, limits, stop));
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = rustls::pki_types::pem::PemObject::from_pem_slice(bundle.ca_certificate.as_bytes()).unwrap();
+    roots.add(CertificateDer::into_owned(ca)).unwrap();
+    let mut config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Server { address, connector: TlsConnector::from(Arc::new(config)), _shutdown: shutdown, _directory: directory }
+}
+
+impl Server {
+    async fn connect(&self) -> TlsStream<TcpStream> {
+        let tcp = TcpStream::connect(self.address).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await.expect("handshake in time").unwrap()
+    }
+}
+
+fn review_request() -> Vec<u8> {
+    let body = serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "3a0c7e1e-0d7b-4c57-9f55-2f0b8f1d9e11",
+            "kind": {"group": "dbservice.dev", "version": "v1", "kind": "DatabaseService"},
+            "resource": {"group": "dbservice.dev", "version": "v1", "resource": "databaseservices"},
+            "operation": "CREATE",
+            "object": {
+                "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+                "metadata": {"name": "orders", "namespace": "shop"},
+                "spec": {"version": "16.4", "storageSize": "10Gi", "databaseName": "app", "username": "app_user"}
+            }
+        }
+    }))
+    .unwrap();
+    let mut request = format!(
+        "POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend(body);
+    request
+}
+
+/// Sends one review on `stream` and returns the status line.
+async fn exchange(stream: &mut TlsStream<TcpStream>) -> String {
+    stream.write_all(&review_request()).await.unwrap();
+    let mut buffer = vec![0u8; 16 * 1024];
+    let read = stream.read(&mut buffer).await.unwrap();
+    String::from_utf8_lossy(&buffer[..read]).lines().next().unwrap_or_default().to_string()
+}
+
+/// Waits until the server closes `stream` (EOF or error); returns how long that took.
+async fn closed_after(stream: &mut (impl AsyncReadExt + Unpin)) -> Duration {
+    let started = Instant::now();
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .expect("the server closed the connection");
+    started.elapsed()
+}
+
+fn short_limits() -> ServerLimits {
+    ServerLimits {
+        max_connections: 64,
+        handshake_timeout: Duration::from_millis(500),
+        header_read_timeout: Duration::from_millis(500),
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_handshakes_is_disconnected() {
+    let server = start(short_limits()).await;
+    let mut tcp = TcpStream::connect(server.address).await.unwrap();
+    let waited = closed_after(&mut tcp).await;
+    assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
+}
+
+#[tokio::test]
+async fn an_idle_tls_connection_is_disconnected() {
+    let server = start(short_limits()).await;
+    let mut stream = server.connect().await;
+    let waited = closed_after(&mut stream).await;
+    assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
+}
+
+#[tokio::test]
+async fn headers_sent_slowly_are_cut_off() {
+    let server = start(short_limits()).await;
+    let mut stream = server.connect().await;
+    let started = Instant::now();
+    // One header byte every 100 ms: never finishes within the header timeout.
+    for byte in b"POST /validate HTTP/1.1\r\nhost: localhost\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+        if stream.write_all(&[*byte]).await.is_err() || stream.flush().await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if started.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+    }
+    let waited = started.elapsed() + closed_after(&mut stream).await;
+    assert!(waited < Duration::from_secs(4), "closed after {waited:?}");
+}
+
+#[tokio::test]
+async fn a_kept_alive_connection_is_closed_once_idle() {
+    let server = start(short_limits()).await;
+    let mut stream = server.connect().await;
+    assert_eq!(exchange(&mut stream).await, "HTTP/1.1 200 OK");
+    let waited = closed_after(&mut stream).await;
+    assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
+}
+
+/// With every slot taken, a new client waits; it is served as soon as a slot frees.
+#[tokio::test]
+async fn the_connection_cap_holds_and_frees() {
+    let limits = ServerLimits { max_connections: 2, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let server = start(limits).await;
+    let mut first = server.connect().await;
+    let _second = server.connect().await;
+    let tcp = TcpStream::connect(server.address).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut third = Box::pin(server.connector.connect(name, tcp));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut third).await.is_err(),
+        "a third connection was served beyond the cap of two"
+    );
+    first.shutdown().await.unwrap();
+    drop(first);
+    let mut third =
+        tokio::time::timeout(Duration::from_secs(5), third).await.expect("served once a slot freed").unwrap();
+    assert_eq!(exchange(&mut third).await, "HTTP/1.1 200 OK");
+}
+
+/// Slow clients hold connections, yet a legitimate client is answered within 100 ms.
+#[tokio::test]
+async fn a_legitimate_request_is_answered_quickly_while_slow_clients_hold_connections() {
+    let limits = ServerLimits { header_read_timeout: Duration::from_secs(10), max_connections: 512, ..short_limits() };
+    let server = start(limits).await;
+    let mut slow = Vec::new();
+    for _ in 0..100 {
+        let mut stream = server.connect().await;
+        stream.write_all(b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\n\r\n{").await.unwrap();
+        stream.flush().await.unwrap();
+        slow.push(stream);
+    }
+    let mut legitimate = server.connect().await;
+    let started = Instant::now();
+    assert_eq!(exchange(&mut legitimate).await, "HTTP/1.1 200 OK");
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(100), "took {took:?}");
+}
