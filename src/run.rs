@@ -4,7 +4,7 @@ use crate::certificates::managed::ManagedCertificates;
 use crate::cli::{CertsArgs, LedgerArgs, RunArgs, WebhookArgs};
 use crate::controller::{self, ControllerSettings};
 use crate::leader::LeaderElection;
-use crate::metrics::Metrics;
+use crate::metrics::{count_requests, Metrics};
 use crate::webhook::server::{bind, serve_plain, serve_tls};
 use crate::webhook::tls::{install_crypto_provider, ReloadingCertificate};
 use crate::webhook::{admission_router, probe_router, AdmissionState, Readiness};
@@ -71,10 +71,14 @@ pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
 /// `dbservice-operator run`: admission server, leader election and controller.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     install_crypto_provider();
-    let client = kube::Client::try_default()
-        .await
-        .context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
     let metrics = Arc::new(Metrics::new());
+    let config =
+        kube::Config::infer().await.context("cannot build a Kubernetes client (KUBECONFIG or in-cluster config)")?;
+    // Every request is counted by verb and resource (dbservice_api_requests_total).
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("cannot build a Kubernetes client")?
+        .with_layer(&count_requests(metrics.clone()))
+        .build();
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
     if args.manage_certificates {
