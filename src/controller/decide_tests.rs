@@ -198,11 +198,11 @@ fn a_converged_database_decides_nothing_new() {
 fn restarts_back_off_and_give_up_to_failed_after_the_restart_limit() {
     // (restarts so far, seconds since the last restart, restart now?, phase)
     let cases = [
-        (0, None, true, Phase::Running),
-        (1, Some(30), false, Phase::Running), // backoff after one restart: 60 s
-        (1, Some(60), true, Phase::Running),
-        (2, Some(100), false, Phase::Running), // backoff after two: 120 s
-        (3, Some(10), false, Phase::Failed),   // three failed restarts: Failed
+        (0, None, true, Phase::Updating),
+        (1, Some(30), false, Phase::Updating), // backoff after one restart: 60 s
+        (1, Some(60), true, Phase::Updating),
+        (2, Some(100), false, Phase::Updating), // backoff after two: 120 s
+        (3, Some(10), false, Phase::Failed),    // three failed restarts: Failed
     ];
     for (restarts, since, restart, phase) in cases {
         let status = DatabaseServiceStatus {
