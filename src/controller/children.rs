@@ -88,7 +88,8 @@ impl ChildKind {
     /// (get only on the rare paths that must read past the cache: a create conflict, a ledger append).
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
-            ChildKind::StatefulSet | ChildKind::Service => &["list", "watch", "patch"],
+            // Server-side apply creates with PATCH, which needs create as well.
+            ChildKind::StatefulSet | ChildKind::Service => &["list", "watch", "create", "patch"],
             ChildKind::ConfigMap => &["get", "list", "watch", "create", "patch", "update", "delete"],
             ChildKind::Secret => &["get", "list", "watch", "create", "patch", "delete"],
             ChildKind::Pod => &["list", "watch", "patch", "delete"],
