@@ -115,6 +115,19 @@ pub struct Stores {
     pub claims: Store<PersistentVolumeClaim>,
 }
 
+impl Stores {
+    /// Waits until every cache has completed its first list: before that, a missing child only
+    /// means "not listed yet" and acting on it would recreate what exists.
+    pub async fn wait_until_ready(&self) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+        self.stateful_sets.wait_until_ready().await?;
+        self.services.wait_until_ready().await?;
+        self.config_maps.wait_until_ready().await?;
+        self.secrets.wait_until_ready().await?;
+        self.pods.wait_until_ready().await?;
+        self.claims.wait_until_ready().await
+    }
+}
+
 /// Stores collected while wiring the watches; complete once every kind is wired.
 #[derive(Default)]
 pub(super) struct PartialStores {

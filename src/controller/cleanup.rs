@@ -11,6 +11,7 @@ use super::ledger::LedgerEntry;
 use super::names::{is_owned_by, ChildNames};
 use super::observe::from_caches;
 use super::publish::{publish_events, record_ledger};
+use super::reconcile::caches_ready;
 use crate::api::{DatabaseService, DeletionPolicy, Phase, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -84,6 +85,10 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
     let uid = database.uid().unwrap_or_default();
     let generation = database.metadata.generation.unwrap_or(0);
     let policy = database.spec.deletion_policy_or_default();
+    if !caches_ready(context).await {
+        // An error, not a requeue: Ok would let the finalizer go before the policy is applied.
+        return Err(ReconcileError::CachesNotReady);
+    }
     let observed = from_caches(database, &context.stores);
     let claims: Vec<ObjectIdentity> = observed
         .claims

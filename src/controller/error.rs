@@ -55,6 +55,9 @@ pub enum ReconcileError {
     /// Leadership was lost: the pass was cancelled before writing again.
     #[error("leadership lost: pass cancelled")]
     StepDown,
+    /// The caches have not finished their first list: acting now could recreate what exists.
+    #[error("observe: caches not synced yet")]
+    CachesNotReady,
 }
 
 impl ReconcileError {
@@ -67,12 +70,15 @@ impl ReconcileError {
             ReconcileError::Cleanup(_) => Step::Cleanup,
             ReconcileError::Finalizer(_) => Step::Finalizer,
             ReconcileError::StepDown => Step::StepDown,
+            ReconcileError::CachesNotReady => Step::Observe,
         }
     }
 
-    /// A 409: someone (or a stale cache) wrote in between; retried soon.
-    pub fn is_conflict(&self) -> bool {
+    /// A 409 (someone, or a stale cache, wrote in between) or caches still syncing: retried soon,
+    /// without a warning.
+    pub fn is_transient(&self) -> bool {
         let source = match self {
+            ReconcileError::CachesNotReady => return true,
             ReconcileError::Observe(error)
             | ReconcileError::Apply(error)
             | ReconcileError::Publish(error)

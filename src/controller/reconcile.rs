@@ -18,6 +18,14 @@ use std::time::Duration;
 /// How soon a pass that found the caches behind our own writes looks again.
 const CACHE_LAG_RETRY: Duration = Duration::from_millis(200);
 
+/// Whether every cache finished its first list (waiting a little for it at start-up).
+pub async fn caches_ready(context: &PassContext) -> bool {
+    tokio::time::timeout(CACHE_SYNC_WAIT, context.stores.wait_until_ready()).await.is_ok_and(|ready| ready.is_ok())
+}
+
+/// How long a pass waits for the first lists of the caches before it requeues.
+const CACHE_SYNC_WAIT: Duration = Duration::from_secs(10);
+
 /// Whether the caches show every write of the earlier passes for `database`.
 fn caches_caught_up(database: &DatabaseService, context: &PassContext) -> bool {
     let namespace = database.namespace().unwrap_or_default();
@@ -37,6 +45,9 @@ fn caches_caught_up(database: &DatabaseService, context: &PassContext) -> bool {
 
 /// Reconciles a DatabaseService that is not being deleted.
 pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
+    if !caches_ready(context).await {
+        return Ok(Action::requeue(CACHE_LAG_RETRY));
+    }
     if !caches_caught_up(database, context) {
         return Ok(Action::requeue(CACHE_LAG_RETRY));
     }

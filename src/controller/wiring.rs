@@ -158,7 +158,7 @@ async fn reconcile(database: Arc<DatabaseService>, context: Arc<PassContext>) ->
 
 fn error_policy(database: Arc<DatabaseService>, error: &ReconcileError, _context: Arc<PassContext>) -> Action {
     // 409 conflicts are routine (someone wrote in between, or a cache was behind): retry soon.
-    if error.is_conflict() {
+    if error.is_transient() {
         return Action::requeue(Duration::from_millis(200));
     }
     tracing::warn!(database = %database.name_any(), namespace = ?database.namespace(), step = error.step().as_str(), %error, "reconcile failed");
