@@ -1,6 +1,6 @@
 //! The kinds of object the controller reads besides DatabaseServices, and the reflector caches it
 //! keeps of them. One list ([`CHILD_KINDS`]) drives the Controller's watches (an exhaustive match in
-//! `super::wiring`) and the RBAC test, so a new child kind cannot be wired, or permitted, only halfway.
+//! the controller's wiring) and the RBAC test, so a new child kind cannot be wired, or permitted, only halfway.
 //!
 //! Every watch is scoped by the managed-by label (and by `--watch-namespace` when given), and each
 //! cached object is slimmed on arrival: managedFields dropped, ConfigMap data replaced by a
@@ -174,6 +174,12 @@ pub trait Slim {
 fn slim_metadata(metadata: &mut kube::api::ObjectMeta) {
     metadata.managed_fields = None;
     metadata.annotations = None;
+}
+
+impl Slim for crate::api::DatabaseService {
+    fn slim(&mut self) {
+        self.metadata.managed_fields = None;
+    }
 }
 
 impl Slim for StatefulSet {

@@ -136,16 +136,21 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
                 "Retain",
                 format!("kept PVCs [{}], {kept} and this ledger", claim_names.join(", ")),
             );
-            if let Err(error) = record_ledger(database, &[entry], ledger_cached, false, context).await {
-                tracing::warn!(database = %name, %error, "could not write the final ledger entry");
-            }
+            // Writing it also drops our ownerReference from the ledger.
+            let ledger_released = match record_ledger(database, &[entry], ledger_cached, false, context).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(database = %name, %error, "could not write the final ledger entry");
+                    false
+                }
+            };
             for claim in &claims {
                 release(&claims_api, claim, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
             if let Some(secret) = &secret {
                 release(&secrets, secret, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
-            if let Some(ledger) = &ledger {
+            if let Some(ledger) = ledger.as_ref().filter(|_| !ledger_released) {
                 release(&config_maps, ledger, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
             (

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -56,17 +56,9 @@ where
     (reader, stream)
 }
 
-use kube::runtime::reflector::reflector;
-
 fn instance_of<K: ResourceExt>(object: K) -> Option<ObjectRef<DatabaseService>> {
     let instance = object.labels().get(INSTANCE_LABEL)?.clone();
     Some(ObjectRef::new(&instance).within(&object.namespace()?))
-}
-
-impl Slim for DatabaseService {
-    fn slim(&mut self) {
-        self.metadata.managed_fields = None;
-    }
 }
 
 /// The Controller and the caches it fills.
