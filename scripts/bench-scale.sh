@@ -41,7 +41,9 @@ now() { date +%s.%N; }
 cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 metrics() { curl -fsS "http://127.0.0.1:$probe_port/metrics"; }
 # metric_sum NAME [FILTER]: sum of a metric's samples whose labels match the grep FILTER.
-metric_sum() { metrics | grep "^$1" | grep -e "${2:-.}" | awk '{sum += $NF} END {printf "%d\n", sum}'; }
+metric_sum() { metrics | grep -E "^$1[ {]" | grep -e "${2:-.}" | awk '{sum += $NF} END {printf "%d\n", sum}'; }
+# elapsed FROM TO: TO - FROM in seconds with one decimal.
+elapsed() { awk -v from="$1" -v to="$2" 'BEGIN {printf "%.1f", to - from}'; }
 
 step "building the release operator"
 cargo build --release --quiet --manifest-path "$repo/Cargo.toml"
@@ -98,7 +100,16 @@ done > "$work/databases.yaml"
 rm -f "$work"/part-*
 awk -v parts="$parallelism" -v dir="$work" '/^---$/ {n++} {print > (dir "/part-" (n % parts))}' "$work/databases.yaml"
 
+# control_plane_cpu: "name cpu-seconds" of every control-plane process this cluster started.
+control_plane_cpu() {
+  local file name
+  for file in "$cluster"/pids/*.pid; do
+    name="$(basename "$file" .pid)"
+    [ -r "/proc/$(cat "$file")/stat" ] && echo "$name $(cpu_seconds "$(cat "$file")")"
+  done
+}
 metrics > "$work/metrics-before.txt"
+control_plane_cpu > "$work/cpu-before.txt"
 operator_cpu_before="$(cpu_seconds "$operator_pid")"
 apiserver_cpu_before="$(cpu_seconds "$apiserver_pid")"
 step "creating $N DatabaseServices through the webhooks ($parallelism kubectl in parallel)"
@@ -123,6 +134,7 @@ done
 converged_at="$(now)"
 operator_cpu_after="$(cpu_seconds "$operator_pid")"
 apiserver_cpu_after="$(cpu_seconds "$apiserver_pid")"
+control_plane_cpu > "$work/cpu-after.txt"
 metrics > "$work/metrics-converged.txt"
 
 step "quiet period: $quiet_seconds s"
@@ -150,13 +162,16 @@ by_resource() {
 cat <<REPORT
 
 bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build
-  created:                 $created in $(echo "$created_at - $start" | bc -l | xargs printf '%.1f') s ($failures kubectl failures, $admission_errors admission errors)
-  all Running after:       $(echo "$converged_at - $start" | bc -l | xargs printf '%.1f') s ($running of $created)
+  created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
+  all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
   operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB)
-  operator CPU:            $(echo "$operator_cpu_after - $operator_cpu_before" | bc -l | xargs printf '%.1f') s
-  apiserver CPU:           $(echo "$apiserver_cpu_after - $apiserver_cpu_before" | bc -l | xargs printf '%.1f') s
+  operator CPU:            $(elapsed "$operator_cpu_before" "$operator_cpu_after") s
+  apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
   API requests (converge): $(requests_by_verb)
   writes in quiet period:  $((writes_after - writes_before)) in $quiet_seconds s
+  CPU-seconds while converging (2 cores = $(awk -v from="$start" -v to="$converged_at" 'BEGIN {printf "%.0f", 2 * (to - from)}') CPU-s available):
+$(join "$work/cpu-before.txt" "$work/cpu-after.txt" | awk '{printf "    %-24s %.1f\n", $1, $3 - $2}')
+    dbservice-operator       $(elapsed "$operator_cpu_before" "$operator_cpu_after")
   requests by verb and resource since start (watches excluded):
 $(by_resource)
 REPORT
