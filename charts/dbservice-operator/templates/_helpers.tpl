@@ -203,8 +203,10 @@ matchConditions:
 {{/*
 Rules of the controller (DatabaseServices, their children, events): in the ClusterRole, or in a
 Role of operator.watchNamespace. The child rules match CHILD_KINDS in src/controller/children.rs
-(tests/rbac.rs checks it). Children are read from watches (list, watch); get only where the
-operator must read past its cache (a credentials-Secret create conflict, a ledger append).
+(tests/rbac.rs checks it). Children are read from watches (list, watch); this version needs get
+only where it must read past its cache (a credentials-Secret create conflict, a ledger append). get
+on services, statefulsets, pods and PVCs is kept for one release: during a rolling upgrade the old
+operator pods, which read children with GET, still run under the new rules.
 */}}
 {{- define "dbservice-operator.controllerRules" -}}
 # DatabaseServices: watched, finalizer added/removed with patch/update. Never created or deleted.
@@ -231,21 +233,21 @@ operator must read past its cache (a credentials-Secret create conflict, a ledge
 # Services NAME, NAME-replicas, NAME-headless (server-side apply).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # PVCs data-NAME-N (made by the StatefulSet): ownerReference, growth, deletion on deletionPolicy Delete.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # The StatefulSet NAME running PostgreSQL (server-side apply; restarts annotate its pod template).
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Pods: health feeds status; patch labels each pod dbservice.dev/role=primary|standby (the
 # NAME-replicas Service selects standbys by it); delete replaces a pod stuck broken on an old
 # revision (a StatefulSet never does, which would block every rollback).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "patch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # Kubernetes Events about reconciliation, recorded with either events API.
 - apiGroups: [""]
   resources: ["events"]
