@@ -14,6 +14,8 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 N="${N:-1000}"
 export DBSERVICE_CLUSTER_DIR="${DBSERVICE_CLUSTER_DIR:-$repo/.cluster-bench}"
 export DBSERVICE_KWOK_NODES="${DBSERVICE_KWOK_NODES:-$((N / 100 + 2))}"
+# kwok nodes only: the machine's one real node belongs to the shared cluster.
+export DBSERVICE_REAL_NODE="${DBSERVICE_REAL_NODE:-0}"
 cluster="$DBSERVICE_CLUSTER_DIR"
 if [ "$cluster" = "$repo/.cluster" ]; then
   echo "bench-scale: DBSERVICE_CLUSTER_DIR must not be the shared cluster ($cluster)" >&2
@@ -114,12 +116,15 @@ operator_cpu_before="$(cpu_seconds "$operator_pid")"
 apiserver_cpu_before="$(cpu_seconds "$apiserver_pid")"
 step "creating $N DatabaseServices through the webhooks ($parallelism kubectl in parallel)"
 start="$(now)"
-for part in "$work"/part-*; do
+creators=()
+for part in "$work"/part-?; do
   kubectl create -f "$part" > "$part.out" 2>&1 &
+  creators+=($!)
 done
-wait || true
+# Only the creators: a bare wait would also wait for the operator.
+wait "${creators[@]}" || true
 created_at="$(now)"
-failures="$(cat "$work"/part-*.out | grep -vc 'created$' || true)"
+failures="$(cat "$work"/part-?.out | grep -vc 'created$' || true)"
 created="$(kubectl get databaseservices -n "$namespace" --no-headers 2>/dev/null | wc -l)"
 
 step "waiting until all $created are Running"
@@ -129,7 +134,7 @@ while :; do
   running="$(kubectl get databaseservices -n "$namespace" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true)"
   [ "$running" -ge "$created" ] && break
   [ "$(date +%s)" -ge "$deadline" ] && { echo "timed out with $running of $created Running" >&2; break; }
-  sleep 1
+  sleep 2
 done
 converged_at="$(now)"
 operator_cpu_after="$(cpu_seconds "$operator_pid")"

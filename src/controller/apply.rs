@@ -6,7 +6,7 @@ use super::build::Desired;
 use super::children::Slim;
 use super::context::PassContext;
 use super::decide::{credentials_conflict, note_applied, ApplyOutcome, Decision, Workload};
-use super::diff::contains_object;
+use super::diff::{contains_object, LiveValue};
 use super::names::{is_labelled_child_of, ROLE_LABEL};
 use super::observe::Observed;
 use crate::api::{DatabaseService, FIELD_MANAGER};
@@ -23,7 +23,7 @@ use std::fmt::Debug;
 pub async fn apply_object<K>(
     api: &Api<K>,
     desired: &K,
-    live: Option<&K>,
+    live: Option<&impl LiveValue>,
     context: &PassContext,
 ) -> Result<(ApplyOutcome, Option<String>), kube::Error>
 where

@@ -7,6 +7,7 @@
 //! fingerprint, pods reduced to what health needs, Secrets watched as metadata only (the operator
 //! never keeps a password in memory after creating it).
 
+use super::compact::Compact;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec,
@@ -101,10 +102,10 @@ impl ChildKind {
 /// The reflector caches every pass reads from.
 #[derive(Clone)]
 pub struct Stores {
-    /// Owned StatefulSets.
-    pub stateful_sets: Store<StatefulSet>,
-    /// Owned Services.
-    pub services: Store<Service>,
+    /// Owned StatefulSets, spec and status as text.
+    pub stateful_sets: Store<Compact<StatefulSet>>,
+    /// Owned Services, spec and status as text.
+    pub services: Store<Compact<Service>>,
     /// Owned ConfigMaps, data replaced by a fingerprint.
     pub config_maps: Store<ConfigMap>,
     /// Owned Secrets, metadata only.
@@ -131,8 +132,8 @@ impl Stores {
 /// Stores collected while wiring the watches; complete once every kind is wired.
 #[derive(Default)]
 pub(super) struct PartialStores {
-    pub stateful_sets: Option<Store<StatefulSet>>,
-    pub services: Option<Store<Service>>,
+    pub stateful_sets: Option<Store<Compact<StatefulSet>>>,
+    pub services: Option<Store<Compact<Service>>>,
     pub config_maps: Option<Store<ConfigMap>>,
     pub secrets: Option<Store<PartialObjectMeta<Secret>>>,
     pub pods: Option<Store<Pod>>,
@@ -179,6 +180,12 @@ fn slim_metadata(metadata: &mut kube::api::ObjectMeta) {
 impl Slim for crate::api::DatabaseService {
     fn slim(&mut self) {
         self.metadata.managed_fields = None;
+    }
+}
+
+impl<K> Slim for Compact<K> {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
     }
 }
 

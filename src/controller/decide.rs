@@ -160,7 +160,9 @@ pub fn decide(input: &DecideInput) -> Decision {
 
     let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
     let pods: Vec<PodHealth> = observed.pods.iter().map(|pod| health::pod_health(pod)).collect();
-    let live_stateful_set = observed.stateful_set.as_deref();
+    // The one StatefulSet this pass needs, expanded from its compact cached form.
+    let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
+    let live_stateful_set = expanded.as_ref();
     let rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
     let inputs = WorkloadInputs {
         image: rollout.image.clone(),
@@ -171,8 +173,10 @@ pub fn decide(input: &DecideInput) -> Decision {
             .unwrap_or_else(|| database.spec.storage_size.clone()),
     };
     // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
-    let stateful_set_current =
-        live_stateful_set.is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
+    let stateful_set_current = observed
+        .stateful_set
+        .as_deref()
+        .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let (pod_labels, pod_deletions) = decide_pods(observed, &pods, &rollout, stateful_set_current, &mut journal);
     let rolled_out =

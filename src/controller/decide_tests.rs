@@ -2,6 +2,7 @@
 //! status and the observed children at a fixed time, and what decide must conclude.
 
 use super::build::{self, WorkloadInputs};
+use super::compact::Compact;
 use super::decide::{decide, DecideInput, Decision};
 use super::observe::Observed;
 use super::settings::ControllerSettings;
@@ -85,7 +86,7 @@ fn stateful_set(
     image: &str,
     replicas: i32,
     restarted_at: Option<String>,
-) -> Arc<StatefulSet> {
+) -> Arc<Compact<StatefulSet>> {
     let inputs = WorkloadInputs { image: image.into(), replicas, restarted_at, claim_template_size: "1Gi".into() };
     let mut stateful_set = build::stateful_set(database, &inputs);
     stateful_set.metadata.generation = Some(1);
@@ -94,7 +95,7 @@ fn stateful_set(
                                       "currentRevision": "r1", "updateRevision": "r1"}))
         .unwrap(),
     );
-    Arc::new(stateful_set)
+    Arc::new(Compact::from_object(&stateful_set))
 }
 
 fn owned_secret() -> Arc<PartialObjectMeta<Secret>> {

@@ -3,6 +3,9 @@
 //! no write.
 
 use super::children::Slim;
+use super::compact::Compact;
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -22,11 +25,29 @@ pub fn contains(live: &Value, desired: &Value) -> bool {
     }
 }
 
+/// A cached object as JSON, for comparing with a desired object.
+pub trait LiveValue {
+    /// The object as JSON.
+    fn live_value(&self) -> Value;
+}
+
+impl LiveValue for ConfigMap {
+    fn live_value(&self) -> Value {
+        serde_json::to_value(self).expect("objects serialize")
+    }
+}
+
+impl<K: Serialize + DeserializeOwned> LiveValue for Compact<K> {
+    fn live_value(&self) -> Value {
+        self.to_value()
+    }
+}
+
 /// Whether the cached (slimmed) `live` object contains `desired`, slimmed the same way.
-pub fn contains_object<K: Serialize + Slim + Clone>(live: &K, desired: &K) -> bool {
+pub fn contains_object<K: Serialize + Slim + Clone>(live: &impl LiveValue, desired: &K) -> bool {
     let mut desired = desired.clone();
     desired.slim();
-    let live_value = serde_json::to_value(live).expect("objects serialize");
+    let live_value = live.live_value();
     let mut wanted = serde_json::to_value(&desired).expect("objects serialize");
     // Identity fields are compared by name, not by how the server renders them.
     if let Some(object) = wanted.as_object_mut() {

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod build;
 pub mod children;
 pub mod cleanup;
+pub mod compact;
 pub mod conditions;
 pub mod context;
 pub mod decide;

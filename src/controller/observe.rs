@@ -3,6 +3,7 @@
 //! on that rare path).
 
 use super::children::{cached, Stores};
+use super::compact::Compact;
 use super::names::{is_labelled_child_of, ChildNames};
 use crate::api::DatabaseService;
 use crate::quantity::parse_bytes;
@@ -18,9 +19,9 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     /// StatefulSet NAME.
-    pub stateful_set: Option<Arc<StatefulSet>>,
+    pub stateful_set: Option<Arc<Compact<StatefulSet>>>,
     /// Services by name.
-    pub services: BTreeMap<String, Arc<Service>>,
+    pub services: BTreeMap<String, Arc<Compact<Service>>>,
     /// ConfigMap NAME-scripts (data as a fingerprint).
     pub scripts: Option<Arc<ConfigMap>>,
     /// ConfigMap NAME-ledger (data as a fingerprint).

@@ -4,6 +4,7 @@
 
 use super::children::{ChildKind, PartialStores, Slim, Stores, CHILD_KINDS};
 use super::cleanup::cleanup;
+use super::compact::Compact;
 use super::context::{Context, PassContext};
 use super::error::ReconcileError;
 use super::expectations::Expectations;
@@ -79,12 +80,12 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
     for kind in CHILD_KINDS {
         controller = match kind {
             ChildKind::StatefulSet => {
-                let (store, stream) = cache(watcher(scoped::<StatefulSet>(client, namespace), managed()));
+                let (store, stream) = cache(watcher(scoped::<Compact<StatefulSet>>(client, namespace), managed()));
                 stores.stateful_sets = Some(store);
                 controller.owns_stream(stream)
             }
             ChildKind::Service => {
-                let (store, stream) = cache(watcher(scoped::<Service>(client, namespace), managed()));
+                let (store, stream) = cache(watcher(scoped::<Compact<Service>>(client, namespace), managed()));
                 stores.services = Some(store);
                 controller.owns_stream(stream)
             }
