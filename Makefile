@@ -9,7 +9,7 @@ CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 
-.PHONY: help build image test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd
+.PHONY: help build image test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -55,3 +55,6 @@ lint-docker: ## hadolint the Dockerfile
 crd: ## regenerate the chart's CRD spec (files/crd-spec.yaml) from the Rust types (tests/crd_sync.rs checks it)
 	$(CARGO) run -q -- crd --spec-only > $(CRD_FILE).tmp
 	mv $(CRD_FILE).tmp $(CRD_FILE)
+
+bench-scale: cluster-build ## N DatabaseServices (N=1000) on a separate local control plane (.cluster-bench): time to Running, RSS, CPU, requests
+	N=$${N:-1000} scripts/bench-scale.sh

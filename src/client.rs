@@ -1,10 +1,12 @@
 //! Kubernetes clients: every call has a timeout, and the controller's client only writes while
 //! this process leads.
 
+use crate::metrics::{count_requests, Metrics};
 use futures::future::BoxFuture;
 use http::{Method, Request};
 use kube::client::{Body, ClientBuilder};
 use kube::Client;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -22,12 +24,18 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// A client whose calls all time out: connect, write and read at the connection, and the
 /// response of every non-watch call within [`API_CALL_TIMEOUT`]. With `leader`, writes are
 /// refused unless this process leads, and cancelled when leadership is lost (see [`LeaderGateLayer`]).
-pub fn client(config: &kube::Config, leader: Option<watch::Receiver<bool>>) -> Result<Client, kube::Error> {
+/// Every request is counted in `metrics` by verb and resource.
+pub fn client(
+    config: &kube::Config,
+    leader: Option<watch::Receiver<bool>>,
+    metrics: &Arc<Metrics>,
+) -> Result<Client, kube::Error> {
     let mut config = config.clone();
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(READ_TIMEOUT);
     config.reset_reader_on_write = true;
-    let builder = ClientBuilder::try_from(config)?.with_layer(&CallTimeoutLayer);
+    let builder =
+        ClientBuilder::try_from(config)?.with_layer(&count_requests(metrics.clone())).with_layer(&CallTimeoutLayer);
     Ok(match leader {
         Some(leader) => builder.with_layer(&LeaderGateLayer { leader }).build(),
         None => builder.build(),

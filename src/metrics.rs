@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use tower::util::MapRequestLayer;
 
 /// Labels of one admission request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,11 +46,22 @@ pub struct WriteLabels {
     pub verb: String,
 }
 
+/// Labels of one request to the Kubernetes API.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequestLabels {
+    /// get, list, watch, create, update, patch, delete or deletecollection.
+    pub verb: String,
+    /// Resource, with the subresource after a slash (databaseservices/status).
+    pub resource: String,
+}
+
 /// Labels of one reconciliation outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     /// success or error.
     pub result: String,
+    /// The step that failed (observe, apply, publish, cleanup, finalizer, step_down), or none.
+    pub step: String,
 }
 
 /// Every metric the operator exposes.
@@ -66,6 +79,8 @@ pub struct Metrics {
     pub reconciliations: Family<ReconcileLabels, Counter>,
     /// Writes the controller made, by kind and verb (a converged cluster sees none).
     pub writes: Family<WriteLabels, Counter>,
+    /// Requests this process sent to the Kubernetes API, by verb and resource.
+    pub api_requests: Family<ApiRequestLabels, Counter>,
     /// 1 while this process holds the leader Lease.
     pub leader: Gauge,
     /// Times this process gained or lost leadership.
@@ -91,6 +106,7 @@ impl Metrics {
         let certificate_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         let reconciliations = Family::<ReconcileLabels, Counter>::default();
         let writes = Family::<WriteLabels, Counter>::default();
+        let api_requests = Family::<ApiRequestLabels, Counter>::default();
         let leader = Gauge::default();
         let leadership_changes = Counter::default();
         registry.register(
@@ -107,6 +123,11 @@ impl Metrics {
         );
         registry.register("reconciliations", "Reconciliations by result", reconciliations.clone());
         registry.register("controller_writes", "Writes to the Kubernetes API made by the controller", writes.clone());
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API by verb and resource",
+            api_requests.clone(),
+        );
         registry.register("leader", "1 while this process holds the leader Lease", leader.clone());
         registry.register("leadership_changes", "Leadership gained or lost", leadership_changes.clone());
         Self {
@@ -117,6 +138,7 @@ impl Metrics {
             certificate_expiry_seconds,
             reconciliations,
             writes,
+            api_requests,
             leader,
             leadership_changes,
         }
@@ -127,11 +149,92 @@ impl Metrics {
         self.writes.get_or_create(&WriteLabels { kind: kind.into(), verb: verb.into() }).inc();
     }
 
+    /// Counts one request to the Kubernetes API.
+    pub fn count_request(&self, method: &http::Method, path: &str, query: Option<&str>) {
+        let (verb, resource) = classify_request(method, path, query);
+        self.api_requests.get_or_create(&ApiRequestLabels { verb: verb.into(), resource }).inc();
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut output = String::new();
         prometheus_client::encoding::text::encode(&mut output, &self.registry)
             .expect("writing to a String cannot fail");
         output
+    }
+}
+
+/// A client layer counting every request in [`Metrics::api_requests`]: the operator's own
+/// request counter, used by the benchmark and by the test that a steady pass reads nothing.
+pub fn count_requests(
+    metrics: Arc<Metrics>,
+) -> MapRequestLayer<impl Fn(http::Request<kube::client::Body>) -> http::Request<kube::client::Body> + Clone> {
+    MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+        metrics.count_request(request.method(), request.uri().path(), request.uri().query());
+        request
+    })
+}
+
+/// The Kubernetes verb and resource of a request, from its method, path and query.
+pub fn classify_request(method: &http::Method, path: &str, query: Option<&str>) -> (&'static str, String) {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // /api/v1/... or /apis/GROUP/VERSION/...
+    let rest: &[&str] = match segments.first() {
+        Some(&"api") => segments.get(2..).unwrap_or_default(),
+        Some(&"apis") => segments.get(3..).unwrap_or_default(),
+        _ => &[],
+    };
+    let rest = match rest {
+        ["namespaces", _namespace, more @ ..] if !more.is_empty() => more,
+        other => other,
+    };
+    let resource = match rest {
+        [] => path.to_string(),
+        [resource] | [resource, _] => resource.to_string(),
+        [resource, _, subresource, ..] => format!("{resource}/{subresource}"),
+    };
+    let named = rest.len() >= 2;
+    let watching = query.is_some_and(|query| query.split('&').any(|pair| pair == "watch=true" || pair == "watch=1"));
+    let verb = match *method {
+        http::Method::GET if watching => "watch",
+        http::Method::GET if named => "get",
+        http::Method::GET => "list",
+        http::Method::POST => "create",
+        http::Method::PUT => "update",
+        http::Method::PATCH => "patch",
+        http::Method::DELETE if named => "delete",
+        http::Method::DELETE => "deletecollection",
+        _ => "other",
+    };
+    (verb, resource)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify_request;
+    use http::Method;
+
+    #[test]
+    fn requests_are_classified_by_verb_and_resource() {
+        let cases = [
+            (Method::GET, "/api/v1/namespaces/a/pods", Some("labelSelector=x"), "list", "pods"),
+            (Method::GET, "/api/v1/pods", Some("watch=true&resourceVersion=1"), "watch", "pods"),
+            (Method::GET, "/apis/apps/v1/namespaces/a/statefulsets/db", None, "get", "statefulsets"),
+            (
+                Method::PATCH,
+                "/apis/dbservice.dev/v1/namespaces/a/databaseservices/db/status",
+                None,
+                "patch",
+                "databaseservices/status",
+            ),
+            (Method::POST, "/api/v1/namespaces/a/secrets", None, "create", "secrets"),
+            (Method::PUT, "/api/v1/namespaces/a/configmaps/db-ledger", None, "update", "configmaps"),
+            (Method::DELETE, "/api/v1/namespaces/a/pods/db-0", None, "delete", "pods"),
+            (Method::GET, "/api/v1/namespaces/a", None, "get", "namespaces"),
+            (Method::GET, "/apis/storage.k8s.io/v1/storageclasses/fast", None, "get", "storageclasses"),
+        ];
+        for (method, path, query, verb, resource) in cases {
+            assert_eq!(classify_request(&method, path, query), (verb, resource.to_string()), "{method} {path}");
+        }
     }
 }

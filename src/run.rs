@@ -75,10 +75,11 @@ pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
 /// `dbservice-operator run`: admission server, leader election and controller.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     install_crypto_provider();
-    let config = kube_config().await?;
-    // Every replica manages certificates; only the leader's controller writes (gated client).
-    let client = crate::client::client(&config, None)?;
     let metrics = Arc::new(Metrics::new());
+    let config = kube_config().await?;
+    // Every replica manages certificates; only the leader's controller writes (gated client). Both
+    // clients count every request by verb and resource (dbservice_api_requests_total).
+    let client = crate::client::client(&config, None, &metrics)?;
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
     if args.manage_certificates {
@@ -111,7 +112,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
     };
     let (leader, election_task) = election.spawn(&config, metrics.clone(), shutdown.clone())?;
-    let client = crate::client::client(&config, Some(leader.clone()))?;
+    let client = crate::client::client(&config, Some(leader.clone()), &metrics)?;
     let context = Arc::new(controller::Context {
         client: client.clone(),
         recorder: controller::recorder(client.clone(), &args.identity),
@@ -166,7 +167,7 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::controller::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     install_crypto_provider();
-    let client = crate::client::client(&kube_config().await?, None)?;
+    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
     let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
     let database = databases.get_opt(&args.name).await?;

@@ -234,7 +234,8 @@ async fn writes_are_refused_when_not_leading_and_cancelled_on_step_down() {
     dbservice_operator::webhook::tls::install_crypto_provider();
     let (_server, config) = start_fake().await;
     let (leading, leader) = watch::channel(false);
-    let gated = client(&config, Some(leader)).unwrap();
+    let gated =
+        client(&config, Some(leader), &std::sync::Arc::new(dbservice_operator::metrics::Metrics::new())).unwrap();
     let config_maps: Api<ConfigMap> = Api::namespaced(gated, NAMESPACE);
     let patch = Patch::Merge(json!({"data": {"k": "v"}}));
     let refused = config_maps.patch("c", &PatchParams::default(), &patch).await.unwrap_err();

@@ -1,92 +1,164 @@
-//! The one write path for desired objects: server-side apply under one field manager, and only
-//! when the live object does not already contain what we want. A converged cluster costs no write.
+//! Apply: the one write path for children (server-side apply under one field manager, only when
+//! the cached object does not already contain what we want), plus the pod and claim changes
+//! decide asked for, each guarded by a precondition so a stale cache never causes a wrong write.
 
-use crate::api::FIELD_MANAGER;
-use crate::metrics::Metrics;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource};
+use super::build::Desired;
+use super::children::Slim;
+use super::context::PassContext;
+use super::decide::{credentials_conflict, note_applied, ApplyOutcome, Decision, Workload};
+use super::diff::{contains_object, LiveValue};
+use super::names::{is_labelled_child_of, ROLE_LABEL};
+use super::observe::Observed;
+use crate::api::{DatabaseService, FIELD_MANAGER};
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::fmt::Debug;
 
-/// What applying did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApplyOutcome {
-    /// The object did not exist and was created.
-    Created,
-    /// The object existed but differed and was corrected.
-    Updated,
-    /// The object already matched: nothing was written.
-    Unchanged,
-}
-
-/// True when every field set in `desired` has the same value in `live`. Fields the server
-/// defaults or other managers own are ignored, so that defaulting never looks like drift.
-pub fn contains(live: &Value, desired: &Value) -> bool {
-    match (live, desired) {
-        (Value::Object(live), Value::Object(desired)) => desired.iter().all(|(key, desired_value)| {
-            desired_value.is_null() || live.get(key).is_some_and(|live_value| contains(live_value, desired_value))
-        }),
-        (Value::Array(live), Value::Array(desired)) => {
-            live.len() == desired.len()
-                && live.iter().zip(desired).all(|(live_item, desired_item)| contains(live_item, desired_item))
-        }
-        (Value::Number(live), Value::Number(desired)) => live.as_f64() == desired.as_f64(),
-        _ => live == desired,
-    }
-}
-
-/// Applies `desired` unless `live` already contains it.
-pub async fn apply<K>(
+/// Applies `desired` unless `live` already contains it; returns what happened and the new resourceVersion.
+pub async fn apply_object<K>(
     api: &Api<K>,
     desired: &K,
-    live: Option<&K>,
-    metrics: &Metrics,
-) -> Result<ApplyOutcome, kube::Error>
+    live: Option<&impl LiveValue>,
+    context: &PassContext,
+) -> Result<(ApplyOutcome, Option<String>), kube::Error>
 where
-    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug + Slim,
 {
-    let desired_value = serde_json::to_value(desired).expect("objects serialize");
-    if let Some(live) = live {
-        let live_value = serde_json::to_value(live).expect("objects serialize");
-        let mut wanted = desired_value.clone();
-        // Identity fields are compared by name, not by how the server renders them.
-        if let Some(object) = wanted.as_object_mut() {
-            object.remove("apiVersion");
-            object.remove("kind");
-        }
-        if contains(&live_value, &wanted) {
-            return Ok(ApplyOutcome::Unchanged);
-        }
+    if live.is_some_and(|live| contains_object(live, desired)) {
+        return Ok((ApplyOutcome::Unchanged, None));
     }
     let name = desired.meta().name.clone().unwrap_or_default();
-    let mut body = desired_value;
+    let mut body = serde_json::to_value(desired).expect("objects serialize");
     body["apiVersion"] = Value::String(K::api_version(&()).to_string());
     body["kind"] = Value::String(K::kind(&()).to_string());
     // force: we are the only intended owner of these fields; a hand edit is drift to undo.
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
-    metrics.count_write(&K::kind(&()), "apply");
-    Ok(if live.is_some() { ApplyOutcome::Updated } else { ApplyOutcome::Created })
+    let written = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    context.shared.metrics.count_write(&K::kind(&()), "apply");
+    Ok((if live.is_some() { ApplyOutcome::Updated } else { ApplyOutcome::Created }, written.resource_version()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::contains;
-    use serde_json::json;
-
-    #[test]
-    fn server_defaults_are_not_drift() {
-        let live = json!({"spec": {"replicas": 1, "revisionHistoryLimit": 10, "template": {"containers": [{"name": "a", "image": "x", "imagePullPolicy": "IfNotPresent"}]}}});
-        let desired = json!({"spec": {"replicas": 1, "template": {"containers": [{"name": "a", "image": "x"}]}}});
-        assert!(contains(&live, &desired));
+/// Writes every child of `desired`, then the pod and claim changes of `workload`. A credentials
+/// Secret name taken by someone else's Secret turns the decision into a reported conflict and
+/// nothing else is written.
+pub async fn apply(
+    database: &DatabaseService,
+    desired: Desired,
+    workload: &Workload,
+    observed: &Observed,
+    decision: &mut Decision,
+    context: &PassContext,
+    now: DateTime<Utc>,
+) -> Result<(), kube::Error> {
+    let Desired { credentials, scripts, services, stateful_set } = desired;
+    let namespace = database.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", database.name_any());
+    let client = &context.shared.client;
+    let generation = database.metadata.generation.unwrap_or(0);
+    if let Some(secret) = credentials {
+        if !create_credentials(database, &secret, context, &key).await? {
+            credentials_conflict(decision, database, now);
+            return Ok(());
+        }
     }
-
-    #[test]
-    fn changed_values_and_missing_items_are_drift() {
-        let live = json!({"spec": {"replicas": 3, "template": {"containers": [{"name": "a", "image": "y"}]}}});
-        assert!(!contains(&live, &json!({"spec": {"replicas": 1}})));
-        assert!(!contains(&live, &json!({"spec": {"template": {"containers": [{"name": "a", "image": "x"}]}}})));
-        assert!(!contains(&json!({"spec": {}}), &json!({"spec": {"ports": [{"port": 5432}]}})));
+    let config_maps = Api::namespaced(client.clone(), &namespace);
+    let (outcome, version) = apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context).await?;
+    context.expectations.expect(&key, "ConfigMap", &scripts.name_any(), version);
+    note_applied(decision, &scripts, outcome, generation, now);
+    let services_api = Api::namespaced(client.clone(), &namespace);
+    for service in &services {
+        let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
+        let (outcome, version) = apply_object(&services_api, service, live, context).await?;
+        context.expectations.expect(&key, "Service", &service.name_any(), version);
+        note_applied(decision, service, outcome, generation, now);
     }
+    let stateful_sets = Api::namespaced(client.clone(), &namespace);
+    let (outcome, version) =
+        apply_object(&stateful_sets, &stateful_set, observed.stateful_set.as_deref(), context).await?;
+    context.expectations.expect(&key, "StatefulSet", &stateful_set.name_any(), version);
+    note_applied(decision, &stateful_set, outcome, generation, now);
+    apply_pods(&namespace, workload, context, &key).await?;
+    apply_claims(&namespace, workload, context, &key).await
+}
+
+/// Creates the credentials Secret; false when its name is taken by a Secret that is not ours.
+async fn create_credentials(
+    database: &DatabaseService,
+    secret: &Secret,
+    context: &PassContext,
+    key: &str,
+) -> Result<bool, kube::Error> {
+    let secrets: Api<Secret> =
+        Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match secrets.create(&params, secret).await {
+        Ok(created) => {
+            context.shared.metrics.count_write("Secret", "create");
+            context.expectations.expect(key, "Secret", &secret.name_any(), created.resource_version());
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Not in our cache but present: ours and not cached yet, or someone else's. Only
+            // metadata is read, never the foreign Secret's data.
+            let existing = secrets.get_metadata_opt(&secret.name_any()).await?;
+            Ok(existing.is_none_or(|existing| is_labelled_child_of(&existing, &database.name_any())))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+async fn apply_pods(namespace: &str, workload: &Workload, context: &PassContext, key: &str) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(context.shared.client.clone(), namespace);
+    for label in &workload.pod_labels {
+        let patch = Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: label.role}}}));
+        match pods.patch(&label.pod, &PatchParams::default(), &patch).await {
+            Ok(pod) => {
+                context.shared.metrics.count_write("Pod", "label");
+                context.expectations.expect(key, "Pod", &label.pod, pod.resource_version());
+            }
+            // The pod went away since it was cached (scale-down, restart): nothing to label.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    for deletion in &workload.pod_deletions {
+        // Only the pod we saw: a replacement with the same name is never deleted by a stale cache.
+        let preconditions =
+            Preconditions { uid: deletion.uid.clone(), resource_version: deletion.resource_version.clone() };
+        let params = DeleteParams { preconditions: Some(preconditions), ..Default::default() };
+        match pods.delete(&deletion.pod, &params).await {
+            Ok(_) => context.shared.metrics.count_write("Pod", "delete"),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+async fn apply_claims(
+    namespace: &str,
+    workload: &Workload,
+    context: &PassContext,
+    key: &str,
+) -> Result<(), kube::Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.shared.client.clone(), namespace);
+    for change in &workload.claim_changes {
+        // resourceVersion makes the merge patch conditional: ownerReferences computed from a
+        // stale cache never overwrite newer ones (409, retried with a fresh cache).
+        let mut body = json!({"metadata": {"resourceVersion": change.resource_version}});
+        if let Some(references) = &change.owner_references {
+            body["metadata"]["ownerReferences"] = json!(references);
+        }
+        if let Some(storage) = &change.storage {
+            body["spec"] = json!({"resources": {"requests": {"storage": storage}}});
+        }
+        let claim = claims.patch(&change.claim, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        context.shared.metrics.count_write("PersistentVolumeClaim", "patch");
+        context.expectations.expect(key, "PersistentVolumeClaim", &change.claim, claim.resource_version());
+    }
+    Ok(())
 }

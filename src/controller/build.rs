@@ -1,6 +1,11 @@
-//! Building the desired child objects: pure functions of the DatabaseService and a few inputs
-//! decided by the reconciler (which version runs, how many instances, the restart stamp).
+//! Build (pure): the desired child objects from the DatabaseService and what decide chose (which
+//! version runs, how many instances, the restart stamp). [`Desired`] holds every child; `apply`
+//! destructures it without `..`, so a new child kind cannot be built and then forgotten.
 
+pub use super::names::{
+    describe, label_selector, labels, owner_reference, role_of_pod, selector_labels, ChildNames, DATA_VOLUME,
+    INSTANCE_LABEL, ROLE_LABEL,
+};
 use crate::api::DatabaseService;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -10,24 +15,18 @@ use k8s_openapi::api::core::v1::{
     Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use std::collections::BTreeMap;
 
 /// PostgreSQL port.
 pub const POSTGRES_PORT: i32 = 5432;
 /// Role used by standbys to stream from the primary.
 pub const REPLICATION_USER: &str = "replicator";
-/// Label carrying the instance name on every child.
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
-/// Label the operator puts on pods: primary or standby.
-pub const ROLE_LABEL: &str = "dbservice.dev/role";
 /// Pod-template annotation whose change restarts every pod (like `kubectl rollout restart`).
 pub const RESTART_ANNOTATION: &str = "dbservice.dev/restartedAt";
-/// Name of the data volume claim template (PVCs are named data-NAME-N).
-pub const DATA_VOLUME: &str = "data";
 /// Where PostgreSQL keeps its data inside the data volume (a subdirectory, so lost+found is no problem).
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 
@@ -45,59 +44,6 @@ pub struct WorkloadInputs {
     pub restarted_at: Option<String>,
     /// Size of the volumeClaimTemplate: the one the StatefulSet was created with (it is immutable).
     pub claim_template_size: String,
-}
-
-/// Names of every child object of one DatabaseService.
-pub struct ChildNames;
-
-impl ChildNames {
-    /// Credentials Secret.
-    pub fn credentials(name: &str) -> String {
-        format!("{name}-credentials")
-    }
-    /// Scripts ConfigMap.
-    pub fn scripts(name: &str) -> String {
-        format!("{name}-scripts")
-    }
-    /// Ledger ConfigMap.
-    pub fn ledger(name: &str) -> String {
-        format!("{name}-ledger")
-    }
-    /// Standby Service.
-    pub fn replicas_service(name: &str) -> String {
-        format!("{name}-replicas")
-    }
-    /// Headless Service giving pods stable DNS names.
-    pub fn headless_service(name: &str) -> String {
-        format!("{name}-headless")
-    }
-    /// Data PVC of instance `ordinal`.
-    pub fn claim(name: &str, ordinal: i32) -> String {
-        format!("{DATA_VOLUME}-{name}-{ordinal}")
-    }
-}
-
-/// Labels shared by every child; also the pod selector.
-pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
-    [("app.kubernetes.io/name".to_string(), "postgresql".to_string()), (INSTANCE_LABEL.to_string(), name.to_string())]
-        .into()
-}
-
-/// Selector labels plus the managed-by label.
-pub fn labels(name: &str) -> BTreeMap<String, String> {
-    let mut labels = selector_labels(name);
-    labels.insert("app.kubernetes.io/managed-by".into(), "dbservice-operator".into());
-    labels
-}
-
-/// Label selector string matching every child of `name`.
-pub fn label_selector(name: &str) -> String {
-    format!("{INSTANCE_LABEL}={name},app.kubernetes.io/managed-by=dbservice-operator")
-}
-
-/// Owner reference making the DatabaseService the controller of a child.
-pub fn owner_reference(database: &DatabaseService) -> OwnerReference {
-    database.controller_owner_ref(&()).expect("a stored DatabaseService has a name and uid")
 }
 
 fn metadata(database: &DatabaseService, name: String) -> ObjectMeta {
@@ -363,15 +309,6 @@ pub fn services(database: &DatabaseService) -> Vec<Service> {
     ]
 }
 
-/// Role of a pod from its StatefulSet ordinal: instance 0 is the primary.
-pub fn role_of_pod(pod_name: &str) -> &'static str {
-    if pod_name.rsplit('-').next() == Some("0") {
-        "primary"
-    } else {
-        "standby"
-    }
-}
-
 /// A fresh password from the OS CSPRNG: 32 bytes (256 bits) encoded URL-safe without padding.
 pub fn generate_password() -> String {
     use base64::Engine;
@@ -381,7 +318,51 @@ pub fn generate_password() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// The resource kind and name of an object, for events and the ledger.
-pub fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
-    format!("{}/{}", K::kind(&()), object.meta().name.clone().unwrap_or_default())
+/// Every child object one pass wants to exist.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    /// The credentials Secret, only when it is to be created (it is never overwritten).
+    pub credentials: Option<Secret>,
+    /// ConfigMap NAME-scripts.
+    pub scripts: ConfigMap,
+    /// Services NAME, NAME-replicas and NAME-headless.
+    pub services: Vec<Service>,
+    /// StatefulSet NAME.
+    pub stateful_set: StatefulSet,
+}
+
+/// Fresh passwords for a new credentials Secret (the one impure input of building).
+pub struct NewPasswords {
+    /// The application role's password.
+    pub password: String,
+    /// The replication role's password.
+    pub replication_password: String,
+}
+
+/// Builds every child of `database` for the decided workload.
+pub fn desired(database: &DatabaseService, inputs: &WorkloadInputs, passwords: Option<NewPasswords>) -> Desired {
+    Desired {
+        credentials: passwords
+            .map(|passwords| credentials_secret(database, &passwords.password, &passwords.replication_password)),
+        scripts: scripts_config_map(database),
+        services: services(database),
+        stateful_set: stateful_set(database, inputs),
+    }
+}
+
+/// Size of the volumeClaimTemplate of a live StatefulSet (immutable once created).
+pub fn claim_template_size(stateful_set: &StatefulSet) -> Option<String> {
+    stateful_set
+        .spec
+        .volume_claim_templates
+        .as_ref()?
+        .first()?
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|quantity| quantity.0.clone())
 }

@@ -1,16 +1,21 @@
 //! Finalizer cleanup: apply the deletion policy, write the last ledger entry, let go.
-//! Idempotent and never stuck: children that are already gone are fine.
+//! Idempotent and never stuck: children that are already gone are fine. Only what this
+//! DatabaseService owns is deleted or released: a Secret, ledger or PVC of the same name that the
+//! operator did not create for it (a user's own, or data retained from an earlier DatabaseService
+//! of the same name) is never touched.
 
-use super::build::{label_selector, ChildNames};
-use super::ledger::{self, LedgerEntry};
-use super::reconcile::Journal;
-use super::status::publish_events;
-use super::{Context, ReconcileError};
+use super::context::PassContext;
+use super::error::ReconcileError;
+use super::journal::Journal;
+use super::ledger::LedgerEntry;
+use super::names::{is_owned_by, ChildNames};
+use super::observe::from_caches;
+use super::publish::{publish_events, record_ledger};
+use super::reconcile::caches_ready;
 use crate::api::{DatabaseService, DeletionPolicy, Phase, FIELD_MANAGER};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -24,51 +29,91 @@ fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error
 }
 
 /// Removes the ownerReference to `uid` so the garbage collector keeps the object.
-async fn release<K>(api: &Api<K>, object: &K, uid: &str, context: &Context) -> Result<bool, kube::Error>
+async fn release<K>(api: &Api<K>, object: &ObjectIdentity, uid: &str, context: &PassContext) -> Result<(), kube::Error>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let references = object.meta().owner_references.clone().unwrap_or_default();
-    if !references.iter().any(|reference| reference.uid == uid) {
-        return Ok(false);
-    }
-    let kept: Vec<_> = references.into_iter().filter(|reference| reference.uid != uid).collect();
-    let name = object.meta().name.clone().unwrap_or_default();
-    ignore_not_found(
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"ownerReferences": kept}}))).await,
-    )?;
-    context.metrics.count_write(&K::kind(&()), "release");
-    Ok(true)
+    let kept: Vec<_> = object.owner_references.iter().filter(|reference| reference.uid != uid).cloned().collect();
+    let patch = json!({"metadata": {"ownerReferences": kept, "resourceVersion": object.resource_version}});
+    ignore_not_found(api.patch(&object.name, &PatchParams::default(), &Patch::Merge(patch)).await)?;
+    context.shared.metrics.count_write(&K::kind(&()), "release");
+    Ok(())
 }
 
-/// The last ledger entry; failing to write it (e.g. the namespace is being deleted and takes
-/// the ledger with it) must not keep the finalizer, or the deletion would never finish.
-async fn record_final_entry(
-    config_maps: &Api<ConfigMap>,
-    database: &DatabaseService,
-    entry: LedgerEntry,
-    owned: bool,
-    context: &Context,
-) {
-    if let Err(error) = ledger::record(config_maps, database, &[entry], owned, &context.metrics).await {
-        tracing::warn!(database = %database.name_any(), %error, "could not write the final ledger entry");
+/// Deletes the object only if it is still the one observed (uid precondition).
+async fn delete_owned<K>(api: &Api<K>, object: &ObjectIdentity, context: &PassContext) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: object.uid.clone(), resource_version: None }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&object.name, &params).await {
+        Ok(_) => context.shared.metrics.count_write(&K::kind(&()), "delete"),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+        Err(error) => return Err(error),
+    }
+    Ok(())
+}
+
+/// What cleanup needs of a cached object.
+struct ObjectIdentity {
+    name: String,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    owner_references: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+}
+
+impl ObjectIdentity {
+    fn of<K: Resource>(object: &K) -> Self {
+        let meta = object.meta();
+        Self {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            owner_references: meta.owner_references.clone().unwrap_or_default(),
+        }
     }
 }
 
 /// Applies the deletion policy of a DatabaseService that is being deleted.
-pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Result<Action, ReconcileError> {
-    let client = &context.client;
+pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
+    let client = &context.shared.client;
     let namespace = database.namespace().unwrap_or_default();
     let name = database.name_any();
     let uid = database.uid().unwrap_or_default();
     let generation = database.metadata.generation.unwrap_or(0);
     let policy = database.spec.deletion_policy_or_default();
+    if !caches_ready(context).await {
+        // An error, not a requeue: Ok would let the finalizer go before the policy is applied.
+        return Err(ReconcileError::CachesNotReady);
+    }
+    let observed = from_caches(database, &context.stores);
+    let claims: Vec<ObjectIdentity> = observed
+        .claims
+        .iter()
+        .filter(|claim| is_owned_by(claim.as_ref(), &uid))
+        .map(|claim| ObjectIdentity::of(claim.as_ref()))
+        .collect();
+    let secret = observed
+        .credentials
+        .as_ref()
+        .filter(|secret| is_owned_by(secret.as_ref(), &uid))
+        .map(|secret| ObjectIdentity::of(secret.as_ref()));
+    let ledger = observed
+        .ledger
+        .as_ref()
+        .filter(|ledger| is_owned_by(ledger.as_ref(), &uid))
+        .map(|ledger| ObjectIdentity::of(ledger.as_ref()));
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    let claims = claims_api.list(&ListParams::default().labels(&label_selector(&name))).await?.items;
     let secret_name = ChildNames::credentials(&name);
     let ledger_name = ChildNames::ledger(&name);
+    if !context.may_write() {
+        return Err(ReconcileError::StepDown);
+    }
 
     if database.status.as_ref().and_then(|status| status.phase) != Some(Phase::Deleting) {
         let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace);
@@ -77,31 +122,41 @@ pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Re
         let _ = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
     }
 
-    let claim_names: Vec<String> = claims.iter().map(ResourceExt::name_any).collect();
+    let claim_names: Vec<String> = claims.iter().map(|claim| claim.name.clone()).collect();
+    let kept = if secret.is_some() { format!("Secret {secret_name}") } else { "no Secret of its own".into() };
+    let ledger_cached = observed.ledger.is_some();
     let (reason, note) = match policy {
         DeletionPolicy::Retain => {
-            // The last ledger entry goes in first, written without an owner so it survives.
+            // The last ledger entry goes in first, written without an owner so it survives; a
+            // failure (namespace being deleted) must not keep the finalizer.
             let entry = LedgerEntry::now(
                 generation,
                 "Deleted",
                 "",
                 "Retain",
-                format!("kept PVCs [{}], Secret {secret_name} and this ledger", claim_names.join(", ")),
+                format!("kept PVCs [{}], {kept} and this ledger", claim_names.join(", ")),
             );
-            record_final_entry(&config_maps, database, entry, false, context).await;
+            // Writing it also drops our ownerReference from the ledger.
+            let ledger_released = match record_ledger(database, &[entry], ledger_cached, false, context).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::warn!(database = %name, %error, "could not write the final ledger entry");
+                    false
+                }
+            };
             for claim in &claims {
-                release(&claims_api, claim, &uid, context).await?;
+                release(&claims_api, claim, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
-            if let Some(secret) = secrets.get_opt(&secret_name).await? {
-                release(&secrets, &secret, &uid, context).await?;
+            if let Some(secret) = &secret {
+                release(&secrets, secret, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
-            if let Some(ledger) = config_maps.get_opt(&ledger_name).await? {
-                release(&config_maps, &ledger, &uid, context).await?;
+            if let Some(ledger) = ledger.as_ref().filter(|_| !ledger_released) {
+                release(&config_maps, ledger, &uid, context).await.map_err(ReconcileError::Cleanup)?;
             }
             (
                 "DataRetained",
                 format!(
-                    "deletionPolicy Retain: kept PVCs [{}], Secret {secret_name} and ConfigMap {ledger_name}; delete them by hand when no longer needed",
+                    "deletionPolicy Retain: kept PVCs [{}], {kept} and ConfigMap {ledger_name}; delete them by hand when no longer needed",
                     claim_names.join(", ")
                 ),
             )
@@ -112,33 +167,34 @@ pub(super) async fn cleanup(database: &DatabaseService, context: &Context) -> Re
                 "Deleted",
                 "",
                 "Delete",
-                format!("deleting PVCs [{}] and Secret {secret_name}", claim_names.join(", ")),
+                format!("deleting PVCs [{}] and {kept}", claim_names.join(", ")),
             );
-            record_final_entry(&config_maps, database, entry, true, context).await;
-            for claim in &claim_names {
-                ignore_not_found(claims_api.delete(claim, &DeleteParams::background()).await)?;
-                context.metrics.count_write("PersistentVolumeClaim", "delete");
+            if let Err(error) = record_ledger(database, &[entry], ledger_cached, true, context).await {
+                tracing::warn!(database = %name, %error, "could not write the final ledger entry");
             }
-            ignore_not_found(secrets.delete(&secret_name, &DeleteParams::background()).await)?;
-            ignore_not_found(config_maps.delete(&ledger_name, &DeleteParams::background()).await)?;
+            for claim in &claims {
+                delete_owned(&claims_api, claim, context).await.map_err(ReconcileError::Cleanup)?;
+            }
+            if let Some(secret) = &secret {
+                delete_owned(&secrets, secret, context).await.map_err(ReconcileError::Cleanup)?;
+            }
+            if let Some(ledger) = &ledger {
+                delete_owned(&config_maps, ledger, context).await.map_err(ReconcileError::Cleanup)?;
+            }
             (
                 "DataDeleted",
                 format!(
-                    "deletionPolicy Delete: deleted PVCs [{}], Secret {secret_name} and the ledger",
+                    "deletionPolicy Delete: deleted PVCs [{}], {kept} and the ledger; objects of the same names that this DatabaseService did not create were left alone",
                     claim_names.join(", ")
                 ),
             )
         }
     };
     let mut journal = Journal::default();
-    journal.events.push(Event {
-        type_: EventType::Normal,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Cleanup".into(),
-        secondary: None,
-    });
-    publish_events(database, context, &journal).await;
+    journal.record(false, reason, note, None);
+    journal.events[0].action = "Cleanup".into();
+    publish_events(database, &journal, context).await;
+    context.expectations.forget(&format!("{namespace}/{name}"));
     tracing::info!(database = %name, %namespace, policy = %policy, "cleanup done; removing the finalizer");
     Ok(Action::await_change())
 }

@@ -1,6 +1,7 @@
 //! Status conditions: set one, keeping lastTransitionTime unless the status really changes, so
 //! that recomputing the same status writes nothing.
 
+use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
@@ -24,7 +25,8 @@ pub mod types {
     pub const PAUSED: &str = "Paused";
 }
 
-/// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged.
+/// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged;
+/// a transition is stamped `now`.
 pub fn set(
     conditions: &mut Vec<Condition>,
     kind: &str,
@@ -32,12 +34,14 @@ pub fn set(
     reason: &str,
     message: impl Into<String>,
     generation: Option<i64>,
+    now: DateTime<Utc>,
 ) {
+    let transition = Time(Timestamp::from_second(now.timestamp()).unwrap_or(Timestamp::UNIX_EPOCH));
     let status_text = if status { "True" } else { "False" }.to_string();
     let message = message.into();
     if let Some(existing) = conditions.iter_mut().find(|condition| condition.type_ == kind) {
         if existing.status != status_text {
-            existing.last_transition_time = Time(Timestamp::now());
+            existing.last_transition_time = transition;
         }
         existing.status = status_text;
         existing.reason = reason.into();
@@ -51,7 +55,7 @@ pub fn set(
         reason: reason.into(),
         message,
         observed_generation: generation,
-        last_transition_time: Time(Timestamp::now()),
+        last_transition_time: transition,
     });
 }
 

@@ -1,222 +1,482 @@
-//! Deciding what the workload runs this pass: the spec's version or a rollback to the last
-//! stable one, restarts of unhealthy pods with exponential backoff, degrading and restoring standbys.
+//! Decide (pure): from the spec, the status, the observed children, the settings and the time to
+//! the new status, the journal (events and ledger entries) and the workload to build and apply.
+//! No client, no clock: the table tests in `decide_tests.rs` run it without a cluster.
 
-use super::reconcile::{parse_time, rfc3339, Journal};
-use crate::api::{DatabaseService, DatabaseServiceStatus};
-use crate::controller::conditions::{self, types};
-use crate::controller::health::{self, PodHealth};
-use crate::controller::ledger::LedgerEntry;
-use crate::controller::Context;
+use super::build::{self, WorkloadInputs};
+use super::conditions::{self, types};
+use super::diff;
+use super::health::{self, PodHealth};
+use super::journal::Journal;
+use super::ledger::LedgerEntry;
+use super::names::{describe, is_owned_by, owner_reference, role_of_pod, ChildNames, ROLE_LABEL};
+use super::observe::{claim_class, claim_request, Observed};
+use super::rollout::{decide_rollout, Rollout};
+use super::settings::ControllerSettings;
+use super::summary::summarize;
+use crate::api::{DatabaseService, DatabaseServiceStatus, Phase, StorageStatus};
+use crate::quantity::parse_bytes;
+use crate::validation::{validate, ValidationSettings};
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
+use std::time::Duration;
 
-/// What the workload should run after this pass's decisions.
-pub(super) struct Decisions {
-    pub version: String,
-    pub image: String,
-    pub replicas: i32,
-    pub rolled_back: bool,
-    /// A decision (rollback, restart, degrade, restore) changed the workload this pass.
-    pub changed_workload: bool,
+/// Everything decide reads.
+pub struct DecideInput<'a> {
+    /// The DatabaseService as cached.
+    pub database: &'a DatabaseService,
+    /// Its children as cached.
+    pub observed: &'a Observed,
+    /// Tunables.
+    pub settings: &'a ControllerSettings,
+    /// The time of this pass.
+    pub now: DateTime<Utc>,
 }
 
-/// Decides the image, the instance count and any rollback, restart, degrade or restore of this pass.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn decide(
-    database: &DatabaseService,
-    old_status: &DatabaseServiceStatus,
-    status: &mut DatabaseServiceStatus,
-    pods: &[PodHealth],
-    stateful_set: Option<&StatefulSet>,
-    now: DateTime<Utc>,
-    context: &Context,
-    journal: &mut Journal,
-) -> Decisions {
-    let settings = &context.settings;
-    let spec = &database.spec;
+/// What decide wants done.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The status to publish (written only if it differs from the stored one).
+    pub status: DatabaseServiceStatus,
+    /// Events and ledger entries to publish.
+    pub journal: Journal,
+    /// The workload to build and apply; None changes nothing (paused, invalid spec).
+    pub workload: Option<Workload>,
+    /// When to look again; None waits for a change.
+    pub requeue: Option<Duration>,
+}
+
+/// The children to build and the changes to make to pods and claims.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// Inputs of the StatefulSet.
+    pub inputs: WorkloadInputs,
+    /// No credentials Secret is cached: create one (never overwrite one).
+    pub create_credentials: bool,
+    /// Role labels to set.
+    pub pod_labels: Vec<PodLabel>,
+    /// Pods stuck broken on an old revision, deleted with uid and resourceVersion preconditions.
+    pub pod_deletions: Vec<PodDeletion>,
+    /// Owner references and sizes of claims.
+    pub claim_changes: Vec<ClaimChange>,
+    /// The DatabaseService was provisioned in an earlier pass: a missing child was deleted.
+    pub provisioned_before: bool,
+    /// Nothing in the spec or the decisions changed: a differing child was edited by hand.
+    pub drift_possible: bool,
+}
+
+/// A role label for one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodLabel {
+    /// Pod name.
+    pub pod: String,
+    /// primary or standby.
+    pub role: &'static str,
+}
+
+/// A pod to delete, only if it is still the one observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodDeletion {
+    /// Pod name.
+    pub pod: String,
+    /// Its uid when observed.
+    pub uid: Option<String>,
+    /// Its resourceVersion when observed.
+    pub resource_version: Option<String>,
+}
+
+/// One merge patch of a claim, conditional on its observed resourceVersion.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimChange {
+    /// Claim name.
+    pub claim: String,
+    /// Its resourceVersion when observed.
+    pub resource_version: Option<String>,
+    /// The full new ownerReferences, when ours is to be added.
+    pub owner_references: Option<Vec<OwnerReference>>,
+    /// The new storage request, when it grows.
+    pub storage: Option<String>,
+}
+
+/// Decides one pass.
+pub fn decide(input: &DecideInput) -> Decision {
+    let DecideInput { database, observed, settings, now } = *input;
     let generation = database.metadata.generation.unwrap_or(0);
-    let desired_replicas = spec.replicas_or_default();
-    let mut changed_workload = false;
-    if status.failed_generation.is_some_and(|failed| failed != generation) {
-        // The spec changed since the rollback: try again.
-        status.failed_generation = None;
-        status.failed_version = None;
-        conditions::remove(&mut status.conditions, types::ROLLED_BACK);
+    let old_status = database.status.clone().unwrap_or_default();
+    let mut status = old_status.clone();
+    let mut journal = Journal::default();
+
+    if database.spec.is_paused() {
+        let message = "spec.paused is true: the operator changes nothing";
+        conditions::set(&mut status.conditions, types::PAUSED, true, "Paused", message, Some(generation), now);
+        if !conditions::is_true(&old_status.conditions, types::PAUSED) {
+            let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
+            journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
+        }
+        return Decision { status, journal, workload: None, requeue: None };
     }
-    let mut rolled_back = status.failed_generation == Some(generation);
-    let (mut version, mut image) = match (rolled_back, &status.last_stable_version, &status.last_stable_image) {
-        (true, Some(version), Some(image)) => (version.clone(), image.clone()),
-        _ => (spec.version.clone(), spec.image_or_default()),
+    if conditions::is_true(&old_status.conditions, types::PAUSED) {
+        let entry = LedgerEntry::at(now, generation, "Resumed", "", "", "reconciliation resumed");
+        journal.record(false, "Resumed", "reconciliation resumed".into(), Some(entry));
+    }
+    conditions::remove(&mut status.conditions, types::PAUSED);
+
+    // The webhook's own validation: an object stored while the webhook was absent changes nothing.
+    let validation = ValidationSettings {
+        min_storage_bytes: parse_bytes(&settings.min_storage_size).unwrap_or(0),
+        min_storage_size: settings.min_storage_size.clone(),
+        today: now.date_naive(),
     };
-    let replicas = status.degraded_replicas.unwrap_or(desired_replicas).min(desired_replicas);
-    let rolled_out = health::rolled_out(stateful_set, pods, &image, replicas);
-
-    // Rollback: a change away from the last stable image that stays unhealthy past the deadline.
-    let upgrading = !rolled_back && status.last_stable_image.as_ref().is_some_and(|stable| *stable != image);
-    if upgrading && !rolled_out {
-        let started = parse_time(&status.rollout_started_at);
-        match started {
-            None => status.rollout_started_at = Some(rfc3339(now)),
-            Some(started) if (now - started).num_seconds() >= settings.progress_deadline.as_secs() as i64 => {
-                let stable_version = status.last_stable_version.clone().unwrap_or_default();
-                let message = format!(
-                    "version {} did not become ready within {}s; rolled back to {stable_version}. spec.version is left as written: change the spec to try again",
-                    spec.version,
-                    settings.progress_deadline.as_secs()
-                );
-                conditions::set(
-                    &mut status.conditions,
-                    types::ROLLED_BACK,
-                    true,
-                    "ProgressDeadlineExceeded",
-                    message.clone(),
-                    Some(generation),
-                );
-                journal.record(
-                    true,
-                    "RolledBack",
-                    message,
-                    Some(LedgerEntry::now(
-                        generation,
-                        "RolledBack",
-                        spec.version.clone(),
-                        stable_version.clone(),
-                        "progress deadline exceeded",
-                    )),
-                );
-                status.failed_generation = Some(generation);
-                status.failed_version = Some(spec.version.clone());
-                status.rollout_started_at = None;
-                status.restart_count = 0;
-                version = stable_version;
-                image = status.last_stable_image.clone().unwrap_or(image);
-                rolled_back = true;
-                changed_workload = true;
-            }
-            Some(_) => {}
+    let outcome = validate(database, None, &validation);
+    if !outcome.is_allowed() {
+        let message = outcome.message();
+        if !conditions::is_true(&old_status.conditions, types::INVALID_SPEC) {
+            let entry = LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone());
+            journal.record(true, "InvalidSpec", message.clone(), Some(entry));
         }
-    } else if !upgrading {
-        status.rollout_started_at = None;
+        let reason = "ValidationFailed";
+        conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
+        status.phase = Some(Phase::Failed);
+        status.observed_generation = Some(generation);
+        return Decision { status, journal, workload: None, requeue: None };
+    }
+    conditions::remove(&mut status.conditions, types::INVALID_SPEC);
+
+    match old_status.observed_generation {
+        None => {
+            let target = format!("{} x{}", database.spec.version, database.spec.replicas_or_default());
+            journal.entries.push(LedgerEntry::at(now, generation, "Created", "", target, "provisioning started"));
+        }
+        Some(observed) if observed != generation => journal.entries.push(LedgerEntry::at(
+            now,
+            generation,
+            "SpecChanged",
+            format!("generation {observed}"),
+            format!("generation {generation}"),
+            "spec updated",
+        )),
+        Some(_) => {}
     }
 
-    // Restart unhealthy pods with exponential backoff (not during a rollout: rollback handles that).
-    let unhealthy = health::unhealthy_pods(pods, now, settings.unhealthy_threshold.as_secs() as i64);
-    let rollout_in_progress = status.rollout_started_at.is_some() || stateful_set.is_none();
-    if !unhealthy.is_empty() && !rollout_in_progress && !changed_workload {
-        let backoff = settings
-            .restart_backoff
-            .as_secs()
-            .saturating_mul(1u64 << old_status.restart_count.clamp(0, 16))
-            .min(settings.restart_backoff_cap.as_secs());
-        let due =
-            parse_time(&old_status.last_restart_at).is_none_or(|last| (now - last).num_seconds() >= backoff as i64);
-        if due {
-            let names: Vec<&str> = unhealthy.iter().map(|pod| pod.name.as_str()).collect();
-            status.restart_count = old_status.restart_count + 1;
-            status.last_restart_at = Some(rfc3339(now));
-            let next = settings
-                .restart_backoff
-                .as_secs()
-                .saturating_mul(1u64 << status.restart_count.clamp(0, 16))
-                .min(settings.restart_backoff_cap.as_secs());
-            let message = format!(
-                "pods {} unhealthy (crash-looping or not ready); restart {} (next no sooner than {next}s)",
-                names.join(", "),
-                status.restart_count
-            );
-            journal.record(
+    let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
+    let pods: Vec<PodHealth> = observed.pods.iter().map(|pod| health::pod_health(pod)).collect();
+    // The one StatefulSet this pass needs, expanded from its compact cached form.
+    let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
+    let live_stateful_set = expanded.as_ref();
+    let rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
+    let inputs = WorkloadInputs {
+        image: rollout.image.clone(),
+        replicas: rollout.replicas,
+        restarted_at: status.last_restart_at.clone(),
+        claim_template_size: live_stateful_set
+            .and_then(build::claim_template_size)
+            .unwrap_or_else(|| database.spec.storage_size.clone()),
+    };
+    // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
+    let stateful_set_current = observed
+        .stateful_set
+        .as_deref()
+        .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
+    let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
+    let (pod_labels, pod_deletions) = decide_pods(observed, &pods, &rollout, stateful_set_current, &mut journal);
+    let rolled_out =
+        health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && stateful_set_current;
+    summarize(database, &mut status, &pods, &rollout, rolled_out, now, &mut journal);
+    let converged = rolled_out && status.phase == Some(Phase::Running);
+    let provisioned_before = old_status.observed_generation.is_some();
+    let workload = Workload {
+        inputs,
+        create_credentials,
+        pod_labels,
+        pod_deletions,
+        claim_changes,
+        provisioned_before,
+        drift_possible: provisioned_before
+            && old_status.observed_generation == Some(generation)
+            && !rollout.changed_workload,
+    };
+    // Child and pod events wake the controller; the periodic look is a safety net for time-based
+    // decisions (backoff, deadlines, restore probes) while something is still wrong.
+    let requeue = if converged { Duration::from_secs(300) } else { Duration::from_secs(5) };
+    Decision { status, journal, workload: Some(workload), requeue: Some(requeue) }
+}
+
+/// Credentials are created once and never overwritten; returns whether to create them now.
+fn decide_credentials(
+    database: &DatabaseService,
+    observed: &Observed,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> bool {
+    let name = ChildNames::credentials(&database.name_any());
+    let generation = database.metadata.generation.unwrap_or(0);
+    let had_credentials = status.conditions.iter().any(|condition| condition.type_ == types::CREDENTIALS_READY);
+    let conflicted = status.conditions.iter().any(|condition| {
+        condition.type_ == types::CREDENTIALS_READY && condition.reason == CREDENTIALS_CONFLICT_REASON
+    });
+    if let Some(secret) = &observed.credentials {
+        if !had_credentials || conflicted {
+            let (reason, message) = if is_owned_by(secret.as_ref(), &database.uid().unwrap_or_default()) {
+                ("SecretCreated", format!("credentials are in Secret {name}"))
+            } else {
+                // Created by this operator for an earlier DatabaseService of the same name and
+                // retained: used (the retained volumes hold that password), never owned or deleted.
+                ("SecretRetained", format!("credentials are in Secret {name}, retained from an earlier DatabaseService of this name (not deleted with this one)"))
+            };
+            conditions::set(
+                &mut status.conditions,
+                types::CREDENTIALS_READY,
                 true,
-                "Restarted",
+                reason,
                 message,
-                Some(LedgerEntry::now(
-                    generation,
-                    "Restarted",
-                    names.join(","),
-                    format!("attempt {}", status.restart_count),
-                    "pods restarted",
-                )),
+                Some(generation),
+                now,
             );
-            changed_workload = true;
         }
-    } else if unhealthy.is_empty()
-        && old_status.restart_count > 0
-        && pods.iter().all(|pod| pod.ready)
-        && !pods.is_empty()
-    {
-        status.restart_count = 0;
-        journal.record(
-            false,
-            "Recovered",
-            "all instances are ready again".into(),
-            Some(LedgerEntry::now(generation, "Recovered", "unhealthy", "ready", "all instances ready")),
-        );
+        return false;
     }
+    if conflicted {
+        // Still conflicting until a Secret we may use appears; try the create again (it reports).
+        return true;
+    }
+    if had_credentials {
+        let message = format!(
+            "Secret {name} was deleted and has been recreated with a new password, but the database still has the old one: set it with ALTER ROLE (or restore the old Secret)"
+        );
+        conditions::set(
+            &mut status.conditions,
+            types::CREDENTIALS_READY,
+            false,
+            "SecretRecreated",
+            message.clone(),
+            Some(generation),
+            now,
+        );
+        let entry = LedgerEntry::at(
+            now,
+            generation,
+            "CredentialsRecreated",
+            "missing",
+            format!("Secret/{name}"),
+            "new password generated; database still has the old one",
+        );
+        journal.record(true, "CredentialsRecreated", message, Some(entry));
+    } else {
+        let message = format!("credentials are in Secret {name}");
+        conditions::set(
+            &mut status.conditions,
+            types::CREDENTIALS_READY,
+            true,
+            "SecretCreated",
+            message,
+            Some(generation),
+            now,
+        );
+        journal.record(false, "CredentialsCreated", format!("generated credentials in Secret {name}"), None);
+    }
+    true
+}
 
-    // Degrade: standbys that cannot be scheduled are scaled away so the primary stays healthy.
-    let mut replicas = replicas;
-    if desired_replicas > 1 {
-        if let Some(prefix) =
-            health::schedulable_prefix(pods, replicas, now, settings.unhealthy_threshold.as_secs() as i64)
-        {
-            if prefix >= 1 && prefix < replicas {
-                let message = format!("standbys from {}-{prefix} cannot be scheduled for lack of resources; running {prefix} of {desired_replicas} instances", database.name_any());
-                conditions::set(
-                    &mut status.conditions,
-                    types::DEGRADED,
-                    true,
-                    "InsufficientResources",
-                    message.clone(),
-                    Some(generation),
-                );
-                journal.record(
-                    true,
-                    "Degraded",
-                    message,
-                    Some(LedgerEntry::now(
-                        generation,
-                        "Degraded",
-                        replicas.to_string(),
-                        prefix.to_string(),
-                        "standbys scaled away",
-                    )),
-                );
-                status.degraded_replicas = Some(prefix);
-                status.degraded_at = Some(rfc3339(now));
-                replicas = prefix;
-                changed_workload = true;
-            }
-        } else if let Some(degraded) = status.degraded_replicas {
-            let waited = parse_time(&status.degraded_at).map(|since| (now - since).num_seconds()).unwrap_or(i64::MAX);
-            if waited >= settings.restore_probe.as_secs() as i64
-                && pods.iter().filter(|pod| pod.ordinal < degraded).all(|pod| pod.ready)
-            {
-                // Probe: ask for every instance again; if resources are still short, we degrade again.
-                status.degraded_replicas = None;
-                conditions::set(
-                    &mut status.conditions,
-                    types::DEGRADED,
-                    true,
-                    "Restoring",
-                    format!("trying {desired_replicas} instances again"),
-                    Some(generation),
-                );
+/// Reason of CredentialsReady=False when a Secret of the credentials' name is not the operator's.
+pub const CREDENTIALS_CONFLICT_REASON: &str = "SecretConflict";
+
+/// The credentials Secret's name is taken by a Secret the operator did not create: nothing is
+/// built (the pods would read someone else's Secret) and the conflict is reported.
+pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService, now: DateTime<Utc>) {
+    let name = ChildNames::credentials(&database.name_any());
+    let generation = database.metadata.generation.unwrap_or(0);
+    let message = format!(
+        "Secret {name} exists but was not created by dbservice-operator for this DatabaseService; it is left untouched. Delete or rename it, or rename the DatabaseService"
+    );
+    let old = database.status.clone().unwrap_or_default();
+    let reported = old.conditions.iter().any(|condition| condition.reason == CREDENTIALS_CONFLICT_REASON);
+    decision.journal = Journal::default();
+    if !reported {
+        let entry = LedgerEntry::at(now, generation, "Conflict", "", format!("Secret/{name}"), "not the operator's");
+        decision.journal.record(true, "CredentialsConflict", message.clone(), Some(entry));
+    }
+    let mut status = old;
+    conditions::set(
+        &mut status.conditions,
+        types::CREDENTIALS_READY,
+        false,
+        CREDENTIALS_CONFLICT_REASON,
+        message,
+        Some(generation),
+        now,
+    );
+    status.phase = Some(Phase::Failed);
+    status.observed_generation = Some(generation);
+    decision.status = status;
+    decision.workload = None;
+    // The foreign Secret carries none of our labels, so no watch event says when it goes.
+    decision.requeue = Some(Duration::from_secs(30));
+}
+
+/// Owner references on the claims made for this DatabaseService, expansion when storageSize
+/// grew (if the class allows), and the StorageReady condition.
+fn decide_claims(
+    database: &DatabaseService,
+    observed: &Observed,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> Vec<ClaimChange> {
+    let generation = database.metadata.generation.unwrap_or(0);
+    let owner = owner_reference(database);
+    let wanted = &database.spec.storage_size;
+    let wanted_bytes = parse_bytes(wanted).unwrap_or(0);
+    let created = database.metadata.creation_timestamp.as_ref().map(|time| time.0);
+    let mut changes = Vec::new();
+    let mut expansion_refused = Vec::new();
+    for claim in &observed.claims {
+        let claim_name = claim.name_any();
+        let mut change = ClaimChange {
+            claim: claim_name.clone(),
+            resource_version: claim.resource_version(),
+            owner_references: None,
+            storage: None,
+        };
+        // Only claims made for this DatabaseService are owned; a claim kept (Retain) from an
+        // earlier one of the same name is used by the StatefulSet but stays unowned, so that a
+        // later deletionPolicy Delete never deletes data this DatabaseService did not create.
+        let made_for_us = match (claim.metadata.creation_timestamp.as_ref(), created) {
+            (Some(claim_created), Some(created)) => claim_created.0 >= created,
+            _ => false,
+        };
+        if made_for_us && !is_owned_by(claim.as_ref(), &owner.uid) && claim.metadata.deletion_timestamp.is_none() {
+            let mut references = claim.owner_references().to_vec();
+            references.push(OwnerReference { controller: Some(false), ..owner.clone() });
+            change.owner_references = Some(references);
+        }
+        let requested = claim_request(claim);
+        if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
+            let class = claim_class(claim);
+            if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
+                change.storage = Some(wanted.clone());
+                let entry =
+                    LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted.clone(), &claim_name);
                 journal.record(
                     false,
-                    "Restoring",
-                    format!("trying {desired_replicas} instances again"),
-                    Some(LedgerEntry::now(
-                        generation,
-                        "RestoreAttempt",
-                        degraded.to_string(),
-                        desired_replicas.to_string(),
-                        "probing for resources",
-                    )),
+                    "StorageExpanded",
+                    format!("PVC {claim_name} expanded from {requested} to {wanted}"),
+                    Some(entry),
                 );
-                replicas = desired_replicas;
-                changed_workload = true;
+            } else {
+                expansion_refused
+                    .push(format!("{claim_name} (StorageClass {class:?} does not allow volume expansion)"));
             }
         }
+        if change.owner_references.is_some() || change.storage.is_some() {
+            changes.push(change);
+        }
     }
-    Decisions { version, image, replicas, rolled_back, changed_workload }
+    let expected = database.spec.replicas_or_default().min(status.degraded_replicas.unwrap_or(i32::MAX));
+    let bound = health::claims_bound(observed.claims.iter().map(|claim| claim.as_ref()));
+    status.storage = Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected });
+    let storage = types::STORAGE_READY;
+    if !expansion_refused.is_empty() {
+        let message = format!("cannot grow {}", expansion_refused.join(", "));
+        let reported = status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == storage && condition.reason == "ExpansionNotSupported");
+        if !reported {
+            journal.record(true, "ExpansionNotSupported", message.clone(), None);
+        }
+        conditions::set(
+            &mut status.conditions,
+            storage,
+            false,
+            "ExpansionNotSupported",
+            message,
+            Some(generation),
+            now,
+        );
+    } else if bound >= expected {
+        let message = format!("{bound} of {expected} volumes bound");
+        conditions::set(&mut status.conditions, storage, true, "Bound", message, Some(generation), now);
+    } else {
+        let message = format!("{bound} of {expected} volumes bound (claims of a WaitForFirstConsumer class bind once their pod is scheduled)");
+        conditions::set(&mut status.conditions, storage, false, "Pending", message, Some(generation), now);
+    }
+    changes
+}
+
+/// Role labels, and pods stuck not ready on an old image once the template is current (a
+/// StatefulSet never replaces a broken pod by itself, which would block every rollback).
+fn decide_pods(
+    observed: &Observed,
+    pods: &[PodHealth],
+    rollout: &Rollout,
+    template_current: bool,
+    journal: &mut Journal,
+) -> (Vec<PodLabel>, Vec<PodDeletion>) {
+    let mut labels = Vec::new();
+    let mut deletions = Vec::new();
+    for (pod, health) in observed.pods.iter().zip(pods) {
+        if health.terminating {
+            continue;
+        }
+        let role = role_of_pod(&health.name);
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
+            labels.push(PodLabel { pod: health.name.clone(), role });
+        }
+        if template_current && health.image != rollout.image && !health.ready && !health.unschedulable {
+            deletions.push(PodDeletion {
+                pod: health.name.clone(),
+                uid: pod.uid(),
+                resource_version: pod.resource_version(),
+            });
+            journal.record(
+                false,
+                "ReplacedStuckPod",
+                format!(
+                    "pod {} was not ready on an old revision ({}); deleted so it comes back with {}",
+                    health.name, health.image, rollout.image
+                ),
+                None,
+            );
+        }
+    }
+    (labels, deletions)
+}
+
+/// What applying one child did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The object did not exist and was created.
+    Created,
+    /// The object existed but differed and was corrected.
+    Updated,
+    /// The object already matched: nothing was written.
+    Unchanged,
+}
+
+/// Records the events and ledger entries of what applying did (recreated or drift-corrected children).
+pub fn note_applied<K>(decision: &mut Decision, object: &K, outcome: ApplyOutcome, generation: i64, now: DateTime<Utc>)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let Some(workload) = &decision.workload else { return };
+    let object = describe(object);
+    let journal = &mut decision.journal;
+    match outcome {
+        ApplyOutcome::Unchanged => {}
+        ApplyOutcome::Created if workload.provisioned_before => journal.record(
+            true,
+            "Recreated",
+            format!("{object} was missing and has been recreated"),
+            Some(LedgerEntry::at(now, generation, "DriftCorrected", "missing", object, "recreated")),
+        ),
+        ApplyOutcome::Created => {}
+        ApplyOutcome::Updated if workload.drift_possible => journal.record(
+            true,
+            "DriftCorrected",
+            format!("{object} was changed outside the operator and has been put back"),
+            Some(LedgerEntry::at(now, generation, "DriftCorrected", "edited", object, "restored to the desired state")),
+        ),
+        ApplyOutcome::Updated => journal.record(false, "Updated", format!("{object} updated for the new spec"), None),
+    }
 }

@@ -1,7 +1,6 @@
 //! Observing health: pure functions from the live pods, StatefulSet and PVCs to facts the
 //! reconciler decides on (ready, crash-looping, unschedulable, rolled out, volumes bound).
 
-use crate::controller::build::role_of_pod;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -122,17 +121,12 @@ pub fn schedulable_prefix(
     stuck.into_iter().min().map(|first| first.max(1))
 }
 
-/// Bound PVCs out of those expected, and whether any is still pending.
-pub fn claims_bound(claims: &[PersistentVolumeClaim]) -> i32 {
+/// How many of `claims` are bound.
+pub fn claims_bound<'a>(claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>) -> i32 {
     claims
-        .iter()
+        .into_iter()
         .filter(|claim| claim.status.as_ref().and_then(|status| status.phase.as_deref()) == Some("Bound"))
         .count() as i32
-}
-
-/// Whether `pod_name` should carry the primary or the standby role label.
-pub fn expected_role(pod_name: &str) -> &'static str {
-    role_of_pod(pod_name)
 }
 
 #[cfg(test)]

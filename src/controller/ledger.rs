@@ -1,12 +1,6 @@
 //! The ledger (seed 000): status is the present, the ledger is the past. A ConfigMap NAME-ledger
 //! holds a bounded, append-only history of what happened to a DatabaseService, oldest dropped first.
 
-use crate::api::{DatabaseService, FIELD_MANAGER};
-use crate::controller::build::{labels, owner_reference, ChildNames};
-use crate::metrics::Metrics;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ObjectMeta, Patch, PatchParams};
-use kube::{Api, ResourceExt};
 use serde::{Deserialize, Serialize};
 
 /// Key of the ConfigMap holding the entries, one JSON object per line.
@@ -44,8 +38,20 @@ impl LedgerEntry {
         to: impl Into<String>,
         outcome: impl Into<String>,
     ) -> Self {
+        Self::at(chrono::Utc::now(), generation, action, from, to, outcome)
+    }
+
+    /// An entry stamped `time` (the pure stages get the time passed in).
+    pub fn at(
+        time: chrono::DateTime<chrono::Utc>,
+        generation: i64,
+        action: &str,
+        from: impl Into<String>,
+        to: impl Into<String>,
+        outcome: impl Into<String>,
+    ) -> Self {
         Self {
-            time: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            time: time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             generation,
             action: action.into(),
             from: from.into(),
@@ -76,46 +82,6 @@ pub fn append(existing: &str, new_entries: &[LedgerEntry]) -> String {
         text.push('\n');
     }
     text
-}
-
-/// Appends entries to the ledger ConfigMap of `database` (created on first use).
-pub async fn record(
-    api: &Api<ConfigMap>,
-    database: &DatabaseService,
-    entries: &[LedgerEntry],
-    owned: bool,
-    metrics: &Metrics,
-) -> Result<(), kube::Error> {
-    if entries.is_empty() {
-        return Ok(());
-    }
-    for entry in entries {
-        tracing::info!(database = %database.name_any(), action = %entry.action, from = %entry.from, to = %entry.to, outcome = %entry.outcome, "ledger");
-    }
-    let name = ChildNames::ledger(&database.name_any());
-    let existing = api.get_opt(&name).await?;
-    let text = existing
-        .as_ref()
-        .and_then(|config_map| config_map.data.as_ref())
-        .and_then(|data| data.get(LEDGER_KEY))
-        .cloned()
-        .unwrap_or_default();
-    let config_map = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some(labels(&database.name_any())),
-            owner_references: owned.then(|| vec![owner_reference(database)]),
-            ..Default::default()
-        },
-        data: Some([(LEDGER_KEY.to_string(), append(&text, entries))].into()),
-        ..Default::default()
-    };
-    let mut body = serde_json::to_value(&config_map).expect("config maps serialize");
-    body["apiVersion"] = "v1".into();
-    body["kind"] = "ConfigMap".into();
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
-    metrics.count_write("ConfigMap", "ledger");
-    Ok(())
 }
 
 /// The ledger as a table a person can read.

@@ -5,6 +5,7 @@ mod chart;
 mod controller;
 mod healing;
 mod leader;
+mod pipeline;
 mod quiet;
 mod smoke;
 mod support;

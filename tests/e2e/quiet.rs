@@ -4,7 +4,7 @@
 
 use crate::controller::wait_for_phase;
 use crate::support::operator::{
-    service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
+    metric_sum, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
 };
 use crate::support::{client_for, cluster_or_skip, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::{DatabaseService, Phase};
@@ -24,6 +24,23 @@ fn resource_versions(namespace: &str) -> String {
     ]);
     versions = versions.lines().filter(|line| !line.contains("kube-root-ca.crt")).collect::<Vec<_>>().join("\n");
     versions
+}
+
+/// Reconcile passes the operator counted.
+fn reconciliations(operator: &OperatorProcess) -> f64 {
+    operator.metrics().map(|metrics| metric_sum(&metrics, "dbservice_reconciliations_total", &[])).unwrap_or(0.0)
+}
+
+/// GET and LIST requests the operator sent, Lease requests aside.
+fn controller_reads(operator: &OperatorProcess) -> f64 {
+    let metrics = operator.metrics().unwrap_or_default();
+    ["verb=\"get\"", "verb=\"list\""]
+        .iter()
+        .map(|verb| {
+            metric_sum(&metrics, "dbservice_api_requests_total", &[verb])
+                - metric_sum(&metrics, "dbservice_api_requests_total", &[verb, "resource=\"leases\""])
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -75,6 +92,20 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
     )
     .await
     .unwrap();
+    // The label wakes a pass; that pass reads only from the caches: no GET or LIST (the Lease
+    // renewals of the leader election are the only reads, and they are not the controller's).
+    let passes_before = reconciliations(&operator);
+    let reads_before = controller_reads(&operator);
+    crate::support::eventually("a pass after the label change", Duration::from_secs(30), || async {
+        (reconciliations(&operator) > passes_before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        controller_reads(&operator),
+        reads_before,
+        "a steady pass sent GET or LIST requests; metrics:\n{}",
+        operator.metrics().unwrap_or_default()
+    );
     let versions_after_label = resource_versions(&ns);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let writes_after = operator.writes();

@@ -199,3 +199,60 @@ matchConditions:
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
+
+{{/*
+Rules of the controller (DatabaseServices, their children, events): in the ClusterRole, or in a
+Role of operator.watchNamespace. The child rules match CHILD_KINDS in src/controller/children.rs
+(tests/rbac.rs checks it). Children are read from watches (list, watch); this version needs get
+only where it must read past its cache (a credentials-Secret create conflict, a ledger append). get
+on services, statefulsets, pods and PVCs is kept for one release: during a rolling upgrade the old
+operator pods, which read children with GET, still run under the new rules.
+*/}}
+{{- define "dbservice-operator.controllerRules" -}}
+# DatabaseServices: watched, finalizer added/removed with patch/update. Never created or deleted.
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservices"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# Status (phase, conditions, observedGeneration) through the status subresource.
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservices/status"]
+  verbs: ["get", "patch", "update"]
+# Needed to set ownerReferences with blockOwnerDeletion=true on children (OwnerReferencesPermissionEnforcement).
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservices/finalizers"]
+  verbs: ["update"]
+# ConfigMaps NAME-scripts and NAME-ledger (created, appended with update, deleted on deletionPolicy Delete).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# Secret NAME-credentials: created once (metadata watched, never the data); get only to tell our
+# Secret from someone else's after a create conflict; deleted on deletionPolicy Delete.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Services NAME, NAME-replicas, NAME-headless (server-side apply).
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# PVCs data-NAME-N (made by the StatefulSet): ownerReference, growth, deletion on deletionPolicy Delete.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# The StatefulSet NAME running PostgreSQL (server-side apply; restarts annotate its pod template).
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Pods: health feeds status; patch labels each pod dbservice.dev/role=primary|standby (the
+# NAME-replicas Service selects standbys by it); delete replaces a pod stuck broken on an old
+# revision (a StatefulSet never does, which would block every rollback).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# Kubernetes Events about reconciliation, recorded with either events API.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}

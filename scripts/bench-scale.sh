@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Scale benchmark (make bench-scale): starts a SEPARATE local control plane (never the shared
+# .cluster), installs the chart in URL mode, runs the release operator with the chart
+# ServiceAccount's token, creates N DatabaseServices through the webhooks and prints: creation time,
+# time until all are Running, operator peak RSS and CPU-seconds, apiserver CPU-seconds over the
+# same window, API requests by verb during convergence (the operator's own counter), writes during
+# a quiet minute afterwards, and admission failures. Stops its cluster on exit.
+#
+# Environment: N (default 1000), CONCURRENCY (operator --concurrency, default: the binary's),
+# DBSERVICE_CLUSTER_DIR (default <repo>/.cluster-bench), DBSERVICE_KWOK_NODES (default N/100+2),
+# KEEP_CLUSTER=1 to leave the cluster running, CREATE_PARALLELISM (default 4), QUIET_SECONDS (60).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+N="${N:-1000}"
+export DBSERVICE_CLUSTER_DIR="${DBSERVICE_CLUSTER_DIR:-$repo/.cluster-bench}"
+export DBSERVICE_KWOK_NODES="${DBSERVICE_KWOK_NODES:-$((N / 100 + 2))}"
+# kwok nodes only: the machine's one real node belongs to the shared cluster.
+export DBSERVICE_REAL_NODE="${DBSERVICE_REAL_NODE:-0}"
+cluster="$DBSERVICE_CLUSTER_DIR"
+if [ "$cluster" = "$repo/.cluster" ]; then
+  echo "bench-scale: DBSERVICE_CLUSTER_DIR must not be the shared cluster ($cluster)" >&2
+  exit 2
+fi
+work="$cluster/bench"
+namespace=bench
+release_namespace=dbservice-system
+webhook_port="${BENCH_WEBHOOK_PORT:-29443}"
+probe_port="${BENCH_PROBE_PORT:-28080}"
+parallelism="${CREATE_PARALLELISM:-4}"
+quiet_seconds="${QUIET_SECONDS:-60}"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+operator_pid=""
+
+cleanup() {
+  if [ -n "$operator_pid" ]; then kill -TERM "$operator_pid" 2>/dev/null || true; fi
+  if [ "${KEEP_CLUSTER:-0}" != 1 ]; then "$repo/tests/cluster/down.sh" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+now() { date +%s.%N; }
+# cpu_seconds PID: user+system CPU of a process (children excluded).
+cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+metrics() { curl -fsS "http://127.0.0.1:$probe_port/metrics"; }
+# metric_sum NAME [FILTER]: sum of a metric's samples whose labels match the grep FILTER.
+metric_sum() { metrics | grep -E "^$1[ {]" | grep -e "${2:-.}" | awk '{sum += $NF} END {printf "%d\n", sum}'; }
+# elapsed FROM TO: TO - FROM in seconds with one decimal.
+elapsed() { awk -v from="$1" -v to="$2" 'BEGIN {printf "%.1f", to - from}'; }
+
+step "building the release operator"
+cargo build --release --quiet --manifest-path "$repo/Cargo.toml"
+binary="$target/release/dbservice-operator"
+
+step "starting a separate control plane in $cluster with $DBSERVICE_KWOK_NODES kwok nodes"
+"$repo/tests/cluster/up.sh" >&2
+export KUBECONFIG="$cluster/kubeconfig" PATH="$cluster/bin:$PATH"
+mkdir -p "$work"
+
+step "installing the chart in URL mode"
+"$binary" certs --out "$work/certs" --dns localhost --ip 127.0.0.1 >/dev/null
+helm upgrade --install dbservice-operator "$repo/charts/dbservice-operator" \
+  --namespace "$release_namespace" --create-namespace \
+  --set deployment.enabled=false \
+  --set webhook.url="https://127.0.0.1:$webhook_port" \
+  --set webhook.caBundle="$(base64 -w0 "$work/certs/ca.crt")" --wait >/dev/null
+kubectl wait --for=condition=Established crd/databaseservices.dbservice.dev --timeout=60s >/dev/null
+token="$(kubectl create token dbservice-operator -n "$release_namespace" --duration=6h)"
+server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
+ca_data="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
+umask 077
+cat > "$work/operator.kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "$server", certificate-authority-data: "$ca_data"}}]
+users: [{name: dbservice-operator, user: {token: "$token"}}]
+contexts: [{name: local, context: {cluster: local, user: dbservice-operator}}]
+current-context: local
+KUBECONFIG
+umask 022
+
+step "starting the operator (log: $work/operator.log)"
+extra=()
+[ -n "${CONCURRENCY:-}" ] && extra+=(--concurrency "$CONCURRENCY")
+KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn "$binary" run \
+  --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
+  --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
+  --namespace "$release_namespace" --identity bench --lease-name dbservice-operator-leader \
+  "${extra[@]}" > "$work/operator.log" 2>&1 &
+operator_pid=$!
+for _ in $(seq 300); do
+  [ "$(metric_sum dbservice_leader 2>/dev/null || echo 0)" -ge 1 ] && break
+  sleep 0.2
+done
+[ "$(metric_sum dbservice_leader)" -ge 1 ] || { tail -20 "$work/operator.log" >&2; exit 1; }
+apiserver_pid="$(cat "$cluster/pids/kube-apiserver.pid")"
+
+kubectl create namespace "$namespace" >/dev/null
+for index in $(seq 1 "$N"); do
+  printf -- '---\napiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: db-%05d\n  namespace: %s\nspec:\n  version: "16.4"\n  storageSize: 1Gi\n  databaseName: app\n  username: app_user\n' "$index" "$namespace"
+done > "$work/databases.yaml"
+# Whole YAML documents per part, one kubectl per part.
+rm -f "$work"/part-*
+awk -v parts="$parallelism" -v dir="$work" '/^---$/ {n++} {print > (dir "/part-" (n % parts))}' "$work/databases.yaml"
+
+# control_plane_cpu: "name cpu-seconds" of every control-plane process this cluster started.
+control_plane_cpu() {
+  local file name
+  for file in "$cluster"/pids/*.pid; do
+    name="$(basename "$file" .pid)"
+    [ -r "/proc/$(cat "$file")/stat" ] && echo "$name $(cpu_seconds "$(cat "$file")")"
+  done
+}
+metrics > "$work/metrics-before.txt"
+control_plane_cpu > "$work/cpu-before.txt"
+operator_cpu_before="$(cpu_seconds "$operator_pid")"
+apiserver_cpu_before="$(cpu_seconds "$apiserver_pid")"
+step "creating $N DatabaseServices through the webhooks ($parallelism kubectl in parallel)"
+start="$(now)"
+creators=()
+for part in "$work"/part-?; do
+  kubectl create -f "$part" > "$part.out" 2>&1 &
+  creators+=($!)
+done
+# Only the creators: a bare wait would also wait for the operator.
+wait "${creators[@]}" || true
+created_at="$(now)"
+failures="$(cat "$work"/part-?.out | grep -vc 'created$' || true)"
+created="$(kubectl get databaseservices -n "$namespace" --no-headers 2>/dev/null | wc -l)"
+
+step "waiting until all $created are Running"
+running=0
+deadline=$(( $(date +%s) + ${BENCH_TIMEOUT:-1800} ))
+while :; do
+  running="$(kubectl get databaseservices -n "$namespace" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true)"
+  [ "$running" -ge "$created" ] && break
+  [ "$(date +%s)" -ge "$deadline" ] && { echo "timed out with $running of $created Running" >&2; break; }
+  sleep 2
+done
+converged_at="$(now)"
+operator_cpu_after="$(cpu_seconds "$operator_pid")"
+apiserver_cpu_after="$(cpu_seconds "$apiserver_pid")"
+control_plane_cpu > "$work/cpu-after.txt"
+metrics > "$work/metrics-converged.txt"
+
+step "quiet period: $quiet_seconds s"
+writes_before="$(metric_sum dbservice_controller_writes_total)"
+sleep "$quiet_seconds"
+writes_after="$(metric_sum dbservice_controller_writes_total)"
+peak_rss_kib="$(awk '/VmHWM/ {print $2}' "/proc/$operator_pid/status")"
+admission_errors="$(metric_sum dbservice_admission_requests_total 'result="error"')"
+
+requests_by_verb() {
+  # Per verb: converged minus before, from the operator's own counter.
+  for verb in get list watch create update patch delete; do
+    local before after
+    before="$(grep '^dbservice_api_requests_total' "$work/metrics-before.txt" | grep "verb=\"$verb\"" | awk '{s += $NF} END {printf "%d", s}')"
+    after="$(grep '^dbservice_api_requests_total' "$work/metrics-converged.txt" | grep "verb=\"$verb\"" | awk '{s += $NF} END {printf "%d", s}')"
+    printf '%s=%d ' "$verb" "$((after - before))"
+  done
+}
+by_resource() {
+  grep '^dbservice_api_requests_total' "$work/metrics-converged.txt" | grep -v 'verb="watch"' \
+    | sed -E 's/.*resource="([^"]*)".*verb="([^"]*)"\} ([0-9]+).*/\2 \1 \3/; s/.*verb="([^"]*)".*resource="([^"]*)"\} ([0-9]+).*/\1 \2 \3/' \
+    | sort | awk '{printf "    %-8s %-28s %d\n", $1, $2, $3}'
+}
+
+cat <<REPORT
+
+bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build
+  created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
+  all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
+  operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB)
+  operator CPU:            $(elapsed "$operator_cpu_before" "$operator_cpu_after") s
+  apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
+  API requests (converge): $(requests_by_verb)
+  writes in quiet period:  $((writes_after - writes_before)) in $quiet_seconds s
+  CPU-seconds while converging (2 cores = $(awk -v from="$start" -v to="$converged_at" 'BEGIN {printf "%.0f", 2 * (to - from)}') CPU-s available):
+$(join "$work/cpu-before.txt" "$work/cpu-after.txt" | awk '{printf "    %-24s %.1f\n", $1, $3 - $2}')
+    dbservice-operator       $(elapsed "$operator_cpu_before" "$operator_cpu_after")
+  requests by verb and resource since start (watches excluded):
+$(by_resource)
+REPORT

@@ -1,0 +1,316 @@
+//! The kinds of object the controller reads besides DatabaseServices, and the reflector caches it
+//! keeps of them. One list ([`CHILD_KINDS`]) drives the Controller's watches (an exhaustive match in
+//! the controller's wiring) and the RBAC test, so a new child kind cannot be wired, or permitted, only halfway.
+//!
+//! Every watch is scoped by the managed-by label (and by `--watch-namespace` when given), and each
+//! cached object is slimmed on arrival: managedFields dropped, ConfigMap data replaced by a
+//! fingerprint, pods reduced to what health needs, Secrets watched as metadata only (the operator
+//! never keeps a password in memory after creating it).
+
+use super::compact::Compact;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec,
+    PodStatus, Secret, Service,
+};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::Resource;
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// How a child kind relates to its DatabaseService.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relation {
+    /// Carries a controller ownerReference: changes trigger the owner.
+    Owned,
+    /// Created by another controller (the StatefulSet's): found by the instance label.
+    Labelled,
+}
+
+/// Every kind the controller watches besides DatabaseServices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildKind {
+    /// The StatefulSet NAME.
+    StatefulSet,
+    /// Services NAME, NAME-replicas, NAME-headless.
+    Service,
+    /// ConfigMaps NAME-scripts and NAME-ledger.
+    ConfigMap,
+    /// Secret NAME-credentials (metadata only).
+    Secret,
+    /// Pods of the StatefulSet.
+    Pod,
+    /// PVCs data-NAME-N.
+    PersistentVolumeClaim,
+}
+
+/// The list that feeds both the Controller's watches and the RBAC test.
+pub const CHILD_KINDS: [ChildKind; 6] = [
+    ChildKind::StatefulSet,
+    ChildKind::Service,
+    ChildKind::ConfigMap,
+    ChildKind::Secret,
+    ChildKind::Pod,
+    ChildKind::PersistentVolumeClaim,
+];
+
+impl ChildKind {
+    /// API group ("" for the core group).
+    pub fn api_group(self) -> &'static str {
+        match self {
+            ChildKind::StatefulSet => "apps",
+            _ => "",
+        }
+    }
+
+    /// Resource name (plural) as RBAC spells it.
+    pub fn resource(self) -> &'static str {
+        match self {
+            ChildKind::StatefulSet => "statefulsets",
+            ChildKind::Service => "services",
+            ChildKind::ConfigMap => "configmaps",
+            ChildKind::Secret => "secrets",
+            ChildKind::Pod => "pods",
+            ChildKind::PersistentVolumeClaim => "persistentvolumeclaims",
+        }
+    }
+
+    /// How objects of this kind are related to their DatabaseService.
+    pub fn relation(self) -> Relation {
+        match self {
+            ChildKind::Pod | ChildKind::PersistentVolumeClaim => Relation::Labelled,
+            _ => Relation::Owned,
+        }
+    }
+
+    /// Verbs the controller uses on this kind: list and watch for the cache, the rest for writes
+    /// (get only on the rare paths that must read past the cache: a create conflict, a ledger append).
+    pub fn verbs(self) -> &'static [&'static str] {
+        match self {
+            // Server-side apply creates with PATCH, which needs create as well.
+            ChildKind::StatefulSet | ChildKind::Service => &["list", "watch", "create", "patch"],
+            ChildKind::ConfigMap => &["get", "list", "watch", "create", "patch", "update", "delete"],
+            ChildKind::Secret => &["get", "list", "watch", "create", "patch", "delete"],
+            ChildKind::Pod => &["list", "watch", "patch", "delete"],
+            ChildKind::PersistentVolumeClaim => &["list", "watch", "patch", "delete"],
+        }
+    }
+}
+
+/// The reflector caches every pass reads from.
+#[derive(Clone)]
+pub struct Stores {
+    /// Owned StatefulSets, spec and status as text.
+    pub stateful_sets: Store<Compact<StatefulSet>>,
+    /// Owned Services, spec and status as text.
+    pub services: Store<Compact<Service>>,
+    /// Owned ConfigMaps, data replaced by a fingerprint.
+    pub config_maps: Store<ConfigMap>,
+    /// Owned Secrets, metadata only.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Pods by the managed-by label, slimmed.
+    pub pods: Store<Pod>,
+    /// PVCs by the managed-by label.
+    pub claims: Store<PersistentVolumeClaim>,
+}
+
+impl Stores {
+    /// Waits until every cache has completed its first list: before that, a missing child only
+    /// means "not listed yet" and acting on it would recreate what exists.
+    pub async fn wait_until_ready(&self) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+        self.stateful_sets.wait_until_ready().await?;
+        self.services.wait_until_ready().await?;
+        self.config_maps.wait_until_ready().await?;
+        self.secrets.wait_until_ready().await?;
+        self.pods.wait_until_ready().await?;
+        self.claims.wait_until_ready().await
+    }
+}
+
+/// Stores collected while wiring the watches; complete once every kind is wired.
+#[derive(Default)]
+pub(super) struct PartialStores {
+    pub stateful_sets: Option<Store<Compact<StatefulSet>>>,
+    pub services: Option<Store<Compact<Service>>>,
+    pub config_maps: Option<Store<ConfigMap>>,
+    pub secrets: Option<Store<PartialObjectMeta<Secret>>>,
+    pub pods: Option<Store<Pod>>,
+    pub claims: Option<Store<PersistentVolumeClaim>>,
+}
+
+impl PartialStores {
+    /// The stores, once every kind of [`CHILD_KINDS`] has been wired.
+    pub fn complete(self) -> Stores {
+        const MISSING: &str = "every kind of CHILD_KINDS is wired";
+        Stores {
+            stateful_sets: self.stateful_sets.expect(MISSING),
+            services: self.services.expect(MISSING),
+            config_maps: self.config_maps.expect(MISSING),
+            secrets: self.secrets.expect(MISSING),
+            pods: self.pods.expect(MISSING),
+            claims: self.claims.expect(MISSING),
+        }
+    }
+}
+
+/// Looks up `name` in `namespace`.
+pub fn cached<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+/// Key under which a cached ConfigMap keeps the fingerprint of its data.
+pub const FINGERPRINT_KEY: &str = "dbservice.dev/fingerprint";
+
+/// Reduces an object to what the controller reads, to keep the caches small at 10 000 objects.
+pub trait Slim {
+    /// Drops what the controller never reads.
+    fn slim(&mut self);
+}
+
+fn slim_metadata(metadata: &mut kube::api::ObjectMeta) {
+    metadata.managed_fields = None;
+    metadata.annotations = None;
+}
+
+impl Slim for crate::api::DatabaseService {
+    fn slim(&mut self) {
+        self.metadata.managed_fields = None;
+    }
+}
+
+impl<K> Slim for Compact<K> {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for StatefulSet {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for Service {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for PersistentVolumeClaim {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for PartialObjectMeta<Secret> {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for ConfigMap {
+    /// The scripts (12 KiB) and the ledger (up to 128 KiB) would dominate the cache: only a
+    /// fingerprint of the data is kept, which is all drift detection needs.
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+        if let Some(data) = self.data.take() {
+            self.data = Some(BTreeMap::from([(FINGERPRINT_KEY.to_string(), fingerprint(&data))]));
+        }
+        self.binary_data = None;
+    }
+}
+
+impl Slim for Pod {
+    /// Health needs the postgres container's image, the conditions and the waiting reasons.
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+        if let Some(spec) = self.spec.take() {
+            let containers = spec
+                .containers
+                .into_iter()
+                .map(|container| Container { name: container.name, image: container.image, ..Default::default() })
+                .collect();
+            self.spec = Some(PodSpec { containers, ..Default::default() });
+        }
+        if let Some(status) = self.status.take() {
+            let container_statuses = status.container_statuses.map(|statuses| {
+                statuses
+                    .into_iter()
+                    .map(|container| ContainerStatus {
+                        name: container.name,
+                        ready: container.ready,
+                        restart_count: container.restart_count,
+                        state: container.state.map(|state| ContainerState {
+                            waiting: state
+                                .waiting
+                                .map(|waiting| ContainerStateWaiting { reason: waiting.reason, message: None }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect()
+            });
+            let conditions = status.conditions.map(|conditions| {
+                conditions
+                    .into_iter()
+                    .map(|mut condition| {
+                        condition.message = None;
+                        condition
+                    })
+                    .collect()
+            });
+            self.status = Some(PodStatus { conditions, container_statuses, phase: status.phase, ..Default::default() });
+        }
+    }
+}
+
+/// A stable fingerprint of ConfigMap data (the same in the cache and in the desired object).
+pub fn fingerprint(data: &BTreeMap<String, String>) -> String {
+    // SipHash with fixed keys: stable within one build, which is all a comparison in one process needs.
+    #[allow(deprecated)]
+    let mut hasher = std::hash::SipHasher::new();
+    data.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_map_data_is_reduced_to_a_fingerprint_that_tells_changes_apart() {
+        let data = |text: &str| BTreeMap::from([("entrypoint.sh".to_string(), text.to_string())]);
+        let mut first = ConfigMap { data: Some(data("a".repeat(12_000).as_str())), ..Default::default() };
+        let mut same = first.clone();
+        let mut other = ConfigMap { data: Some(data("b")), ..Default::default() };
+        for config_map in [&mut first, &mut same, &mut other] {
+            config_map.slim();
+        }
+        assert_eq!(first.data, same.data);
+        assert_ne!(first.data, other.data);
+        assert!(serde_json::to_string(&first).unwrap().len() < 200);
+    }
+
+    #[test]
+    fn pods_keep_what_health_reads() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-0", "labels": {"a": "b"}, "managedFields": [{"manager": "x"}]},
+            "spec": {"containers": [{"name": "postgres", "image": "postgres:16.4", "env": [{"name": "X", "value": "y"}]}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "message": "long text"}],
+                       "containerStatuses": [{"name": "postgres", "ready": false, "restartCount": 3, "image": "i", "imageID": "",
+                                              "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}
+        }))
+        .unwrap();
+        let before = super::super::health::pod_health(&pod);
+        let mut slimmed = pod.clone();
+        slimmed.slim();
+        assert_eq!(super::super::health::pod_health(&slimmed), before);
+        assert!(slimmed.metadata.managed_fields.is_none());
+        assert!(slimmed.spec.unwrap().containers[0].env.is_none());
+    }
+}

@@ -1,0 +1,197 @@
+//! Wiring: the Controller with its watches (all from [`CHILD_KINDS`], scoped by the managed-by
+//! label and `--watch-namespace`), the finalizer around each pass, the error policy, and running
+//! only while this process leads.
+
+use super::children::{ChildKind, PartialStores, Slim, Stores, CHILD_KINDS};
+use super::cleanup::cleanup;
+use super::compact::Compact;
+use super::context::{Context, PassContext};
+use super::error::ReconcileError;
+use super::expectations::Expectations;
+use super::names::{INSTANCE_LABEL, MANAGED_SELECTOR};
+use super::reconcile::reconcile_live;
+use crate::api::{DatabaseService, FINALIZER};
+use crate::metrics::ReconcileLabels;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::{Controller, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// An Api for `K` in the watched namespace, or in all namespaces.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Watch configuration of the children: managed-by label; lists may be served from the
+/// apiserver's cache (any resourceVersion) to spare etcd on start-up.
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(MANAGED_SELECTOR).any_semantic()
+}
+
+/// A cached, slimmed watch of `K`: the store every pass reads, and the stream that triggers passes.
+fn cache<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Slim + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, events.default_backoff().modify(Slim::slim)).touched_objects();
+    (reader, stream)
+}
+
+fn instance_of<K: ResourceExt>(object: K) -> Option<ObjectRef<DatabaseService>> {
+    let instance = object.labels().get(INSTANCE_LABEL)?.clone();
+    Some(ObjectRef::new(&instance).within(&object.namespace()?))
+}
+
+/// The Controller and the caches it fills.
+fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService>, Stores) {
+    let settings = &context.settings;
+    let namespace = settings.watch_namespace.as_deref();
+    let mut selected = watcher::Config::default().any_semantic();
+    if let Some(selector) = &settings.selector {
+        selected = selected.labels(selector);
+    }
+    let (databases, database_events) = {
+        let (reader, writer) = reflector::store();
+        let events = watcher(scoped::<DatabaseService>(client, namespace), selected).default_backoff();
+        (reader, reflector(writer, events.modify(Slim::slim)).applied_objects())
+    };
+    let mut controller = Controller::for_stream(database_events, databases);
+    let mut stores = PartialStores::default();
+    for kind in CHILD_KINDS {
+        controller = match kind {
+            ChildKind::StatefulSet => {
+                let (store, stream) = cache(watcher(scoped::<Compact<StatefulSet>>(client, namespace), managed()));
+                stores.stateful_sets = Some(store);
+                controller.owns_stream(stream)
+            }
+            ChildKind::Service => {
+                let (store, stream) = cache(watcher(scoped::<Compact<Service>>(client, namespace), managed()));
+                stores.services = Some(store);
+                controller.owns_stream(stream)
+            }
+            ChildKind::ConfigMap => {
+                let (store, stream) = cache(watcher(scoped::<ConfigMap>(client, namespace), managed()));
+                stores.config_maps = Some(store);
+                controller.owns_stream(stream)
+            }
+            ChildKind::Secret => {
+                // Metadata only: passwords never sit in the operator's memory.
+                let (store, stream) = cache(watcher(scoped::<PartialObjectMeta<Secret>>(client, namespace), managed()));
+                stores.secrets = Some(store);
+                controller.owns_stream(stream)
+            }
+            ChildKind::Pod => {
+                let (store, stream) = cache(watcher(scoped::<Pod>(client, namespace), managed()));
+                stores.pods = Some(store);
+                controller.watches_stream(stream, instance_of)
+            }
+            ChildKind::PersistentVolumeClaim => {
+                let (store, stream) = cache(watcher(scoped::<PersistentVolumeClaim>(client, namespace), managed()));
+                stores.claims = Some(store);
+                controller.watches_stream(stream, instance_of)
+            }
+        };
+    }
+    let config = ControllerConfig::default().concurrency(settings.concurrency).debounce(Duration::from_millis(500));
+    (controller.with_config(config), stores.complete())
+}
+
+/// One pass: the finalizer around the live or cleanup pipeline, cancelled if leadership is lost.
+async fn reconcile(database: Arc<DatabaseService>, context: Arc<PassContext>) -> Result<Action, ReconcileError> {
+    let namespace = database.namespace().unwrap_or_default();
+    let api: Api<DatabaseService> = Api::namespaced(context.shared.client.clone(), &namespace);
+    let mut leading = context.leading.clone();
+    let pass = finalizer(&api, FINALIZER, database, |event| async {
+        match event {
+            FinalizerEvent::Apply(database) => reconcile_live(&database, &context).await,
+            FinalizerEvent::Cleanup(database) => cleanup(&database, &context).await,
+        }
+    });
+    let result = tokio::select! {
+        result = pass => result.map_err(|error| match error {
+            kube::runtime::finalizer::Error::ApplyFailed(error)
+            | kube::runtime::finalizer::Error::CleanupFailed(error) => error,
+            other => ReconcileError::Finalizer(other.to_string()),
+        }),
+        // Dropping the pass cancels any request in flight: a former leader writes nothing more.
+        _ = leading.wait_for(|leading| !*leading) => Err(ReconcileError::StepDown),
+    };
+    let (outcome, step) = match &result {
+        Ok(_) => ("success", "none"),
+        Err(error) => ("error", error.step().as_str()),
+    };
+    context
+        .shared
+        .metrics
+        .reconciliations
+        .get_or_create(&ReconcileLabels { result: outcome.into(), step: step.into() })
+        .inc();
+    result
+}
+
+fn error_policy(database: Arc<DatabaseService>, error: &ReconcileError, _context: Arc<PassContext>) -> Action {
+    // 409 conflicts are routine (someone wrote in between, or a cache was behind): retry soon.
+    if error.is_transient() {
+        return Action::requeue(Duration::from_millis(200));
+    }
+    tracing::warn!(database = %database.name_any(), namespace = ?database.namespace(), step = error.step().as_str(), %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the controller while `leader` is true; stops within moments of losing leadership (passes
+/// in flight are cancelled before they write again) and starts again when it comes back. Returns
+/// when `shutdown` turns true.
+pub async fn run_while_leader(
+    client: Client,
+    context: Arc<Context>,
+    mut leader: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = leader.wait_for(|leading| *leading) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        tracing::info!("starting the controller");
+        let mut stop_leader = leader.clone();
+        let mut stop_shutdown = shutdown.clone();
+        let stop = async move {
+            tokio::select! {
+                _ = stop_leader.wait_for(|leading| !*leading) => {}
+                _ = stop_shutdown.wait_for(|stop| *stop) => {}
+            }
+        };
+        let (controller, stores) = controller(&client, &context);
+        let pass_context = Arc::new(PassContext {
+            shared: context.clone(),
+            stores,
+            expectations: Expectations::default(),
+            leading: leader.clone(),
+        });
+        controller.graceful_shutdown_on(stop).run(reconcile, error_policy, pass_context).for_each(|_| async {}).await;
+        tracing::info!("controller stopped");
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
