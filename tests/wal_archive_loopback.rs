@@ -386,5 +386,11 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
     let impostor = base.join("impostor");
     std::fs::write(&impostor, vec![7u8; 1024]).unwrap();
     assert!(!archive(&impostor), "a different file under an archived name must be refused");
+
+    // 6. DELETE removes an object (what retention will use); deleting it again is not an error.
+    let key = segment_key(&segments[0]);
+    store.delete_object(&key).await.unwrap();
+    assert!(store.head_object(&key).await.unwrap().is_none(), "{key} still there after DeleteObject");
+    store.delete_object(&key).await.unwrap();
     drop(client);
 }

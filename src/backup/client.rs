@@ -109,6 +109,24 @@ pub struct Object {
     pub body: Bytes,
 }
 
+/// One request to send.
+struct Call<'a> {
+    operation: &'static str,
+    method: Method,
+    key: &'a str,
+    query: &'a [(&'a str, &'a str)],
+    extra_headers: &'a [(String, String)],
+    body: Bytes,
+    body_limit: usize,
+}
+
+impl<'a> Call<'a> {
+    /// A request without query, extra headers or body.
+    fn new(operation: &'static str, method: Method, key: &'a str, body_limit: usize) -> Call<'a> {
+        Call { operation, method, key, query: &[], extra_headers: &[], body: Bytes::new(), body_limit }
+    }
+}
+
 /// A client for one bucket.
 #[derive(Clone)]
 pub struct S3Client {
@@ -206,17 +224,9 @@ impl S3Client {
         }
     }
 
-    /// Sends one signed request and returns status, headers and at most `body_limit` bytes of body.
-    async fn send(
-        &self,
-        operation: &'static str,
-        method: Method,
-        key: &str,
-        query: &[(&str, &str)],
-        extra_headers: &[(String, String)],
-        body: Bytes,
-        body_limit: usize,
-    ) -> Result<(StatusCode, hyper::HeaderMap, Bytes), StoreError> {
+    /// Sends one signed request and returns status, headers and at most `call.body_limit` bytes of body.
+    async fn send(&self, call: Call<'_>) -> Result<(StatusCode, hyper::HeaderMap, Bytes), StoreError> {
+        let Call { operation, method, key, query, extra_headers, body, body_limit } = call;
         let mut url = format!("{}{}", self.base_url, self.path(key));
         if !query.is_empty() {
             let encoded: Vec<String> = query
@@ -276,8 +286,9 @@ impl S3Client {
             .iter()
             .map(|(name, value)| (format!("{METADATA_PREFIX}{}", name.to_ascii_lowercase()), value.to_string()))
             .collect();
-        let (status, _, response) =
-            self.send("PutObject", Method::PUT, key, &[], &headers, body, ERROR_BODY_LIMIT).await?;
+        let (status, _, response) = self
+            .send(Call { extra_headers: &headers, body, ..Call::new("PutObject", Method::PUT, key, ERROR_BODY_LIMIT) })
+            .await?;
         if status.is_success() {
             Ok(())
         } else {
@@ -287,7 +298,7 @@ impl S3Client {
 
     /// Downloads `key`; `None` when it does not exist. Bodies over `limit` bytes are refused.
     pub async fn get_object(&self, key: &str, limit: usize) -> Result<Option<Object>, StoreError> {
-        let (status, headers, body) = self.send("GetObject", Method::GET, key, &[], &[], Bytes::new(), limit).await?;
+        let (status, headers, body) = self.send(Call::new("GetObject", Method::GET, key, limit)).await?;
         match status {
             StatusCode::NOT_FOUND => Ok(None),
             status if status.is_success() => {
@@ -299,7 +310,7 @@ impl S3Client {
 
     /// Metadata of `key`; `None` when it does not exist.
     pub async fn head_object(&self, key: &str) -> Result<Option<Object>, StoreError> {
-        let (status, headers, body) = self.send("HeadObject", Method::HEAD, key, &[], &[], Bytes::new(), 0).await?;
+        let (status, headers, body) = self.send(Call::new("HeadObject", Method::HEAD, key, 0)).await?;
         match status {
             StatusCode::NOT_FOUND => Ok(None),
             status if status.is_success() => {
@@ -324,8 +335,9 @@ impl S3Client {
             }
             // The canonical query string is sorted by name; sending it sorted keeps both identical.
             query.sort();
-            let (status, _, body) =
-                self.send("ListObjectsV2", Method::GET, "", &query, &[], Bytes::new(), LIST_BODY_LIMIT).await?;
+            let (status, _, body) = self
+                .send(Call { query: &query, ..Call::new("ListObjectsV2", Method::GET, "", LIST_BODY_LIMIT) })
+                .await?;
             if !status.is_success() {
                 return Err(Self::status_error("ListObjectsV2", prefix, status, &body));
             }
@@ -340,8 +352,7 @@ impl S3Client {
 
     /// Deletes `key`; deleting a missing key succeeds (S3 semantics).
     pub async fn delete_object(&self, key: &str) -> Result<(), StoreError> {
-        let (status, _, body) =
-            self.send("DeleteObject", Method::DELETE, key, &[], &[], Bytes::new(), ERROR_BODY_LIMIT).await?;
+        let (status, _, body) = self.send(Call::new("DeleteObject", Method::DELETE, key, ERROR_BODY_LIMIT)).await?;
         if status.is_success() || status == StatusCode::NOT_FOUND {
             Ok(())
         } else {
@@ -351,8 +362,7 @@ impl S3Client {
 
     /// Creates the bucket (tests and first-time setup); an existing bucket of ours is fine.
     pub async fn create_bucket(&self) -> Result<(), StoreError> {
-        let (status, _, body) =
-            self.send("CreateBucket", Method::PUT, "", &[], &[], Bytes::new(), ERROR_BODY_LIMIT).await?;
+        let (status, _, body) = self.send(Call::new("CreateBucket", Method::PUT, "", ERROR_BODY_LIMIT)).await?;
         let code = xml::error_code(&String::from_utf8_lossy(&body)).unwrap_or_default();
         if status.is_success() || code == "BucketAlreadyOwnedByYou" {
             Ok(())
