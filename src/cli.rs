@@ -30,6 +30,10 @@ pub enum Command {
     Ledger(LedgerArgs),
     /// Instance agent commands, run inside a PostgreSQL pod.
     Instance(InstanceArgs),
+    /// PostgreSQL's archive_command: `wal-archive %p %f` uploads one WAL file to the object store.
+    WalArchive(crate::backup::config::WalArchiveArgs),
+    /// PostgreSQL's restore_command: `wal-restore %f %p` downloads one WAL file from the object store.
+    WalRestore(crate::backup::config::WalRestoreArgs),
 }
 
 /// Flags of `instance`.

@@ -2,6 +2,7 @@
 //! in one binary. `main.rs` only parses the command line and calls into [`run`].
 
 pub mod api;
+pub mod backup;
 pub mod certificates;
 pub mod cli;
 pub mod client;

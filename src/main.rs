@@ -28,6 +28,12 @@ async fn main() {
         }
         Some(Command::Certs(args)) => run::certs(args),
         Some(Command::Instance(args)) => dbservice_operator::instance::command(args).await,
+        Some(Command::WalArchive(args)) => {
+            dbservice_operator::backup::wal::archive_command(args).await.map_err(Into::into)
+        }
+        Some(Command::WalRestore(args)) => {
+            dbservice_operator::backup::wal::restore_command(args).await.map_err(Into::into)
+        }
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await
