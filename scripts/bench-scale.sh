@@ -43,7 +43,7 @@ now() { date +%s.%N; }
 cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 metrics() { curl -fsS "http://127.0.0.1:$probe_port/metrics"; }
 # metric_sum NAME [FILTER]: sum of a metric's samples whose labels match the grep FILTER.
-metric_sum() { metrics | grep -E "^$1[ {]" | grep -e "${2:-.}" | awk '{sum += $NF} END {printf "%d\n", sum}'; }
+metric_sum() { metrics | { grep -E "^$1[ {]" || true; } | { grep -e "${2:-.}" || true; } | awk '{sum += $NF} END {printf "%d\n", sum}'; }
 # elapsed FROM TO: TO - FROM in seconds with one decimal.
 elapsed() { awk -v from="$1" -v to="$2" 'BEGIN {printf "%.1f", to - from}'; }
 
@@ -153,18 +153,18 @@ requests_by_verb() {
   # Per verb: converged minus before, from the operator's own counter.
   for verb in get list watch create update patch delete; do
     local before after
-    before="$(grep '^dbservice_api_requests_total' "$work/metrics-before.txt" | grep "verb=\"$verb\"" | awk '{s += $NF} END {printf "%d", s}')"
-    after="$(grep '^dbservice_api_requests_total' "$work/metrics-converged.txt" | grep "verb=\"$verb\"" | awk '{s += $NF} END {printf "%d", s}')"
+    before="$(grep -h "^dbservice_api_requests_total{verb=\"$verb\"" "$work/metrics-before.txt" | awk '{s += $NF} END {printf "%d", s}')"
+    after="$(grep -h "^dbservice_api_requests_total{verb=\"$verb\"" "$work/metrics-converged.txt" | awk '{s += $NF} END {printf "%d", s}')"
     printf '%s=%d ' "$verb" "$((after - before))"
   done
 }
 by_resource() {
-  grep '^dbservice_api_requests_total' "$work/metrics-converged.txt" | grep -v 'verb="watch"' \
+  grep '^dbservice_api_requests_total' "$work/metrics-converged.txt" | { grep -v 'verb="watch"' || true; } \
     | sed -E 's/.*resource="([^"]*)".*verb="([^"]*)"\} ([0-9]+).*/\2 \1 \3/; s/.*verb="([^"]*)".*resource="([^"]*)"\} ([0-9]+).*/\1 \2 \3/' \
     | sort | awk '{printf "    %-8s %-28s %d\n", $1, $2, $3}'
 }
 
-cat <<REPORT
+cat <<REPORT | tee "$work/report.txt"
 
 bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build
   created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
