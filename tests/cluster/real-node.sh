@@ -437,8 +437,17 @@ namespace() {
     "scheduler.alpha.kubernetes.io/defaultTolerations=[{\"key\":\"$TAINT_KEY\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"}]" >/dev/null
 }
 
+# other_owner: the real node of this machine belongs to another cluster directory (whose machine-wide
+# state - bridge, routes, iptables - must not be touched from here).
+other_owner() { [ -s "$OWNER_FILE" ] && [ "$(cat "$OWNER_FILE")" != "$CLUSTER_DIR" ] && [ -z "${STALE_ROOT:-}" ]; }
+
 down() {
   local pid mount rule table chain tool id
+  if other_owner; then
+    log "the real node of this machine belongs to $(cat "$OWNER_FILE"): nothing of it is stopped from here"
+    rm -rf "$PIDS" "$CLUSTER_DIR/real-node.env"
+    return 0
+  fi
   if [ -s "$CLUSTER_DIR/kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
     if pid_of kubelet >/dev/null; then
       # Pods first, while the kubelet runs: it stops their containers and tears down their network.
@@ -494,6 +503,10 @@ down() {
 check_clean() {
   local left=()
   local name
+  if other_owner; then
+    log "the real node of this machine belongs to $(cat "$OWNER_FILE"); nothing of it was started from here"
+    return 0
+  fi
   for name in containerd kubelet kube-proxy coredns apiserver-relay provisioner; do
     if pid_of "$name" >/dev/null; then left+=("process $name"); fi
   done
