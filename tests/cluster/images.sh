@@ -31,8 +31,9 @@ BUSYBOX_IMAGE="localhost/busybox:test"
 # The operator image's tag is the hash of everything the Dockerfile copies: a changed source is a new tag,
 # so `helm upgrade` rolls the Deployment, and an unchanged tree is not rebuilt.
 operator_tag() {
-  (cd "$images_here/../.." && find Dockerfile Cargo.toml Cargo.lock src benches -type f -print0 | sort -z |
-    xargs -0 sha256sum | sha256sum | cut -c1-12)
+  # (Markdown outside src/ is not in the build context: .dockerignore)
+  (cd "$images_here/../.." && find Dockerfile Cargo.toml Cargo.lock src benches -type f \( -path 'src/*' -o ! -name '*.md' \) \
+    -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
 }
 OPERATOR_IMAGE="localhost/dbservice-operator:dev-$(operator_tag 2>/dev/null || echo unknown)"
 

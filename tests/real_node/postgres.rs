@@ -9,7 +9,7 @@ use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::DatabaseService;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
 use std::time::{Duration, Instant};
 
@@ -173,20 +173,21 @@ async fn retain_keeps_data_and_password_and_delete_removes_them() {
     .await;
     assert_eq!(rows.trim(), "kept");
 
-    // Delete: volumes and credentials go with the DatabaseService.
-    let patch = serde_json::json!({"spec": {"deletionPolicy": "Delete"}});
-    databases.patch("pg", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    eventually("deletionPolicy Delete observed", Duration::from_secs(30), || async {
-        let database = databases.get("pg").await.ok()?;
-        (database.status?.observed_generation == database.metadata.generation).then_some(())
-    })
-    .await;
-    databases.delete("pg", &DeleteParams::default()).await.unwrap();
+    // Delete: the volumes and credentials a DatabaseService's own operator made go with it. (The re-created
+    // `pg` above never owns the data it inherited, so a fresh database shows this.)
+    databases.create(&PostParams::default(), &real_database(node, "fresh", 1, "Delete")).await.unwrap();
+    wait_running(&client, &namespace.name, "fresh", 1, RUNNING_TIMEOUT).await;
+    psql(&client, node, &namespace.name, "fresh", Target::Uri, "create table gone (id int)").await.unwrap();
+    let owned_by_fresh = ListParams::default().labels("app.kubernetes.io/instance=fresh");
+    assert_eq!(claims.list(&owned_by_fresh).await.unwrap().items.len(), 1);
+    databases.delete("fresh", &DeleteParams::default()).await.unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
-    eventually("volumes and credentials deleted", Duration::from_secs(180), || async {
-        let claims_left = claims.list(&ListParams::default()).await.ok()?.items.len();
-        let secret_left = secrets.get_opt("pg-credentials").await.ok()?.is_some();
-        (claims_left == 0 && !secret_left && databases.get_opt("pg").await.ok()?.is_none()).then_some(())
+    eventually("fresh's volumes and credentials deleted", Duration::from_secs(180), || async {
+        let claims_left = claims.list(&owned_by_fresh).await.ok()?.items.len();
+        let secret_left = secrets.get_opt("fresh-credentials").await.ok()?.is_some();
+        (claims_left == 0 && !secret_left && databases.get_opt("fresh").await.ok()?.is_none()).then_some(())
     })
     .await;
+    // The retained data of `pg` is untouched by that.
+    assert!(secrets.get_opt("pg-credentials").await.unwrap().is_some());
 }
