@@ -14,6 +14,20 @@ use std::time::{Duration, Instant};
 
 const NAMES: &[&str] = &["db-0", "db-1"];
 
+/// When the writer's first commit acknowledged by the server on `port` after `since` came (waits for it).
+async fn first_commit_after(cluster: &Cluster, since: Instant, port: u16, what: &str) -> Instant {
+    cluster.wait_for(what, Duration::from_secs(30), async || cluster.first_ack_after(since, port).is_some()).await;
+    cluster.first_ack_after(since, port).unwrap()
+}
+
+/// Stops the writer; returns every acknowledged commit and those missing from the server on `port`.
+async fn acknowledged_and_lost(cluster: &mut Cluster, port: u16) -> (Vec<i64>, Vec<i64>) {
+    let acknowledged = cluster.stop_writer().await;
+    let stored = cluster.stored_ids(port).await;
+    let lost = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    (acknowledged, lost)
+}
+
 async fn writes_for(cluster: &Cluster, duration: Duration, at_least: usize) {
     let start = Instant::now();
     cluster
@@ -63,17 +77,9 @@ async fn switchover_under_writes_loses_no_acknowledged_commit_and_the_old_primar
     cluster.world.lock().unwrap().switchover_to = Some("db-1".into());
     cluster.wait_primary("db-1", Duration::from_secs(30)).await;
     let new_port = cluster.port("db-1");
-    cluster
-        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
-            cluster.first_ack_after(started, new_port).is_some()
-        })
-        .await;
-    let switchover = cluster.first_ack_after(started, new_port).unwrap() - started;
+    let switchover = first_commit_after(&cluster, started, new_port, "a commit on the new primary").await - started;
     writes_for(&cluster, Duration::from_millis(500), 0).await;
-    let acknowledged = cluster.stop_writer().await;
-
-    let stored = cluster.stored_ids(new_port).await;
-    let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
     assert!(lost.is_empty(), "acknowledged commits lost on switchover: {lost:?}");
     assert_eq!(timeline(&cluster, "db-1").await, 2, "the new primary runs on a new timeline");
     assert_eq!(cluster.scalar(new_port, "SELECT pg_is_in_recovery()::text").await, "false");
@@ -112,15 +118,9 @@ async fn failover_when_the_primary_pod_is_killed_and_the_old_primary_is_rewound(
     cluster.kill_pod("db-0");
     cluster.wait_primary("db-1", Duration::from_secs(30)).await;
     let new_port = cluster.port("db-1");
-    cluster
-        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
-            cluster.first_ack_after(killed, new_port).is_some()
-        })
-        .await;
-    let recovery = cluster.first_ack_after(killed, new_port).unwrap() - killed;
-    let acknowledged = cluster.stop_writer().await;
-    let stored = cluster.stored_ids(new_port).await;
-    let lost = acknowledged.iter().filter(|id| !stored.contains(id)).count();
+    let recovery = first_commit_after(&cluster, killed, new_port, "a commit on the new primary").await - killed;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    let lost = lost.len();
     assert_eq!(timeline(&cluster, "db-1").await, 2);
     let changes = primary_changes(&cluster);
     assert_eq!(changes.len(), 1, "{changes:?}");
@@ -154,15 +154,9 @@ async fn failover_when_the_primary_hangs_fences_it_and_it_rejoins() {
     signal_postgres(&cluster.pgdata("db-0"), libc::SIGSTOP);
     cluster.wait_primary("db-1", Duration::from_secs(40)).await;
     let new_port = cluster.port("db-1");
-    cluster
-        .wait_for("a commit on the new primary", Duration::from_secs(30), async || {
-            cluster.first_ack_after(hung, new_port).is_some()
-        })
-        .await;
-    let recovery = cluster.first_ack_after(hung, new_port).unwrap() - hung;
-    let acknowledged = cluster.stop_writer().await;
-    let stored = cluster.stored_ids(new_port).await;
-    let lost = acknowledged.iter().filter(|id| !stored.contains(id)).count();
+    let recovery = first_commit_after(&cluster, hung, new_port, "a commit on the new primary").await - hung;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    let lost = lost.len();
     assert_eq!(timeline(&cluster, "db-1").await, 2);
 
     // The hung server was killed by its own agent, which then rewinds it into a standby.
@@ -303,15 +297,8 @@ async fn a_crashed_primary_whose_agent_holds_the_lease_restarts_in_place() {
         })
         .await;
     let restarted = Instant::now();
-    cluster
-        .wait_for("a commit after the restart", Duration::from_secs(30), async || {
-            cluster.first_ack_after(restarted, port).is_some()
-        })
-        .await;
-    let recovery = cluster.first_ack_after(restarted, port).unwrap() - crashed;
-    let acknowledged = cluster.stop_writer().await;
-    let stored = cluster.stored_ids(port).await;
-    let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    let recovery = first_commit_after(&cluster, restarted, port, "a commit after the restart").await - crashed;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, port).await;
     assert!(lost.is_empty(), "crash recovery in place keeps every acknowledged commit: {lost:?}");
     assert!(primary_changes(&cluster).is_empty(), "no failover for a crash the agent recovers from");
     assert_eq!(cluster.scalar(port, "SELECT timeline_id::text FROM pg_control_checkpoint()").await, "1");
