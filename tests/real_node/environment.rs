@@ -2,9 +2,9 @@
 //! short-lived psql client pods.
 
 use crate::support::operator::{helm, RELEASE, RELEASE_NAMESPACE};
-use crate::support::{admin_kubeconfig, client_for, eventually, kubectl, repository};
+use crate::support::{admin_kubeconfig, client_for, eventually, kubectl, repository, TestNamespace};
 use dbservice_operator::api::DatabaseService;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use std::collections::HashMap;
@@ -153,37 +153,12 @@ pub fn lease_holder() -> String {
     ])
 }
 
-static NAMESPACE_COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// A namespace whose pods all run on the real node; deleted when the test ends.
-pub struct RealNamespace {
-    /// Namespace name.
-    pub name: String,
-}
-
-impl RealNamespace {
-    /// Creates `real-<prefix>-<pid>-<n>` with the real node's scheduling annotations.
-    pub async fn create(client: &Client, prefix: &str) -> Self {
-        let name = format!("real-{prefix}-{}-{}", std::process::id(), NAMESPACE_COUNTER.fetch_add(1, Ordering::SeqCst));
-        real_node_script(&["namespace", &name]);
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        eventually("the default ServiceAccount", Duration::from_secs(30), || async {
-            accounts.get_opt("default").await.ok().flatten()
-        })
-        .await;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        assert!(namespaces.get_opt(&name).await.unwrap().is_some());
-        Self { name }
-    }
-}
-
-impl Drop for RealNamespace {
-    fn drop(&mut self) {
-        let _ = Command::new(crate::support::tool("kubectl"))
-            .args(["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"])
-            .env("KUBECONFIG", admin_kubeconfig().unwrap_or_default())
-            .output();
-    }
+/// A test's own namespace (the e2e suite's, deleted when the test ends) whose pods all run on the real
+/// node: annotated by `real-node.sh namespace` before any pod is created in it.
+pub async fn real_namespace(client: &Client, prefix: &str) -> TestNamespace {
+    let namespace = TestNamespace::create(client, &format!("real-{prefix}")).await;
+    real_node_script(&["namespace", &namespace.name]);
+    namespace
 }
 
 /// A DatabaseService on the real node's storage.

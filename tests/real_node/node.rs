@@ -1,7 +1,7 @@
 //! The real node itself: pods start, and its safety properties hold (no way out of the machine, names
 //! only from our CoreDNS, no anonymous kubelet API).
 
-use crate::environment::{admin_client, real_node_or_skip, RealNamespace};
+use crate::environment::{admin_client, real_namespace, real_node_or_skip};
 use crate::support::{eventually, kubectl};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
@@ -35,7 +35,7 @@ async fn pods_start_and_cannot_reach_anything_outside_the_machine() {
         return;
     };
     let client = admin_client().await;
-    let namespace = RealNamespace::create(&client, "node").await;
+    let namespace = real_namespace(&client, "node").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace.name);
 
     // Pod start time: create -> Ready, image present.

@@ -2,8 +2,8 @@
 //! and the password kept out of logs, events and the ledger.
 
 use crate::environment::{
-    admin_client, install_chart, operator_pods, password_of, psql, psql_in_instance, real_database, real_node_or_skip,
-    wait_running, RealNamespace, Target,
+    admin_client, install_chart, operator_pods, password_of, psql, psql_in_instance, real_database, real_namespace,
+    real_node_or_skip, wait_running, Target,
 };
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, kubectl};
@@ -32,7 +32,7 @@ async fn two_instances_replicate_and_survive_their_pods_being_deleted() {
     };
     install_chart(node);
     let client = admin_client().await;
-    let namespace = RealNamespace::create(&client, "replication").await;
+    let namespace = real_namespace(&client, "replication").await;
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     databases.create(&PostParams::default(), &real_database(node, "pg", 2, "Delete")).await.unwrap();
     let took = wait_running(&client, &namespace.name, "pg", 2, RUNNING_TIMEOUT).await;
@@ -133,7 +133,7 @@ async fn retain_keeps_data_and_password_and_delete_removes_them() {
     };
     install_chart(node);
     let client = admin_client().await;
-    let namespace = RealNamespace::create(&client, "retention").await;
+    let namespace = real_namespace(&client, "retention").await;
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     databases.create(&PostParams::default(), &real_database(node, "pg", 1, "Retain")).await.unwrap();
     let took = wait_running(&client, &namespace.name, "pg", 1, RUNNING_TIMEOUT).await;
