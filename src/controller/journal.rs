@@ -26,6 +26,13 @@ pub struct Journal {
     pub events: Vec<JournalEvent>,
 }
 
+/// A position in a [`Journal`]: how many entries and events it held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalMark {
+    entries: usize,
+    events: usize,
+}
+
 impl Journal {
     /// Records an event (Warning when `warning`) and optionally a ledger entry.
     pub fn record(&mut self, warning: bool, reason: &str, note: String, entry: Option<LedgerEntry>) {
@@ -37,6 +44,19 @@ impl Journal {
     pub fn extend(&mut self, other: Journal) {
         self.entries.extend(other.entries);
         self.events.extend(other.events);
+    }
+
+    /// Where the journal stands now, for [`Journal::since`].
+    pub fn mark(&self) -> JournalMark {
+        JournalMark { entries: self.entries.len(), events: self.events.len() }
+    }
+
+    /// What was recorded after `mark`.
+    pub fn since(&self, mark: JournalMark) -> Journal {
+        Journal {
+            entries: self.entries.get(mark.entries..).unwrap_or_default().to_vec(),
+            events: self.events.get(mark.events..).unwrap_or_default().to_vec(),
+        }
     }
 
     /// Reasons of the recorded events, for tests and logs.
@@ -68,4 +88,28 @@ pub fn parse_time(text: &Option<String>) -> Option<DateTime<Utc>> {
 /// Seconds from `since` to `now` (negative when `since` is in the future).
 pub fn seconds_between(since: DateTime<Utc>, now: DateTime<Utc>) -> i64 {
     (now - since).num_seconds()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_a_mark_gives_only_what_was_recorded_after_it() {
+        let mut journal = Journal::default();
+        let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        journal.record(false, "Restarted", "decided".into(), Some(LedgerEntry::at(at, 1, "Restarted", "", "", "")));
+        let mark = journal.mark();
+        journal.record(
+            true,
+            "DriftCorrected",
+            "applied".into(),
+            Some(LedgerEntry::at(at, 1, "DriftCorrected", "", "", "")),
+        );
+        journal.record(false, "Updated", "applied".into(), None);
+        let applied = journal.since(mark);
+        assert_eq!(applied.reasons(), ["DriftCorrected", "Updated"]);
+        assert_eq!(applied.entries.iter().map(|entry| entry.action.as_str()).collect::<Vec<_>>(), ["DriftCorrected"]);
+        assert!(journal.since(journal.mark()).is_empty());
+    }
 }

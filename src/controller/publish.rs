@@ -29,6 +29,23 @@ pub async fn publish(
     Ok(())
 }
 
+/// Publishes the ledger entries and events of writes that were made by a pass that then failed;
+/// failures are logged, the pass already fails with its own error.
+pub async fn publish_applied(
+    database: &DatabaseService,
+    applied: &Journal,
+    ledger_cached: bool,
+    context: &PassContext,
+) {
+    if applied.is_empty() {
+        return;
+    }
+    if let Err(error) = record_ledger(database, &applied.entries, ledger_cached, true, context).await {
+        tracing::warn!(%error, database = %database.name_any(), "could not record what a failed pass applied");
+    }
+    publish_events(database, applied, context).await;
+}
+
 /// Writes the status with server-side apply, only when it changed; conditional on the
 /// resourceVersion it was decided from, so a status computed from a stale cache is never written.
 pub async fn write_status(

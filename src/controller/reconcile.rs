@@ -9,7 +9,7 @@ use super::decide::{decide, DecideInput};
 use super::error::ReconcileError;
 use super::journal::now;
 use super::observe::{from_caches, storage_classes};
-use super::publish::publish;
+use super::publish::{publish, publish_applied};
 use crate::api::DatabaseService;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -63,9 +63,14 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
             .create_credentials
             .then(|| NewPasswords { password: generate_password(), replication_password: generate_password() });
         let children = desired(database, &workload.inputs, passwords);
-        apply(database, children, &workload, &observed, &mut decision, context, now)
-            .await
-            .map_err(ReconcileError::Apply)?;
+        let decided = decision.journal.mark();
+        if let Err(error) = apply(database, children, &workload, &observed, &mut decision, context, now).await {
+            // The children written before the failure stay written, and the next pass finds nothing
+            // left to correct: what they record (a drift put back, a child recreated) is told now
+            // or never. The decisions themselves are decided again by the next pass.
+            publish_applied(database, &decision.journal.since(decided), observed.ledger.is_some(), context).await;
+            return Err(ReconcileError::Apply(error));
+        }
     }
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
