@@ -160,13 +160,16 @@ async fn a_kept_alive_connection_is_closed_once_idle() {
     assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
 }
 
-/// With every slot taken, a new client waits; it is served as soon as a slot frees.
+/// With every slot held by connections that have been answered, a new client waits; it is served
+/// as soon as a slot frees.
 #[tokio::test]
 async fn the_connection_cap_holds_and_frees() {
     let limits = ServerLimits { max_connections: 2, header_read_timeout: Duration::from_secs(30), ..short_limits() };
     let server = start(limits).await;
     let mut first = server.connect().await;
-    let _second = server.connect().await;
+    let mut second = server.connect().await;
+    assert_eq!(exchange(&mut first).await, "HTTP/1.1 200 OK");
+    assert_eq!(exchange(&mut second).await, "HTTP/1.1 200 OK");
     let tcp = TcpStream::connect(server.address).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
     let mut third = Box::pin(server.connector.connect(name, tcp));
@@ -179,6 +182,26 @@ async fn the_connection_cap_holds_and_frees() {
     let mut third =
         tokio::time::timeout(Duration::from_secs(5), third).await.expect("served once a slot freed").unwrap();
     assert_eq!(exchange(&mut third).await, "HTTP/1.1 200 OK");
+    assert_eq!(exchange(&mut second).await, "HTTP/1.1 200 OK", "a served connection stays open");
+}
+
+/// At the cap, a newcomer takes the slot of the oldest connection that never completed a request,
+/// at once, instead of waiting for that connection's timeout.
+#[tokio::test]
+async fn a_newcomer_at_the_cap_replaces_the_oldest_connection_that_never_sent_a_request() {
+    let limits = ServerLimits { max_connections: 2, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let server = start(limits).await;
+    let mut idle = server.connect().await;
+    let mut served = server.connect().await;
+    assert_eq!(exchange(&mut served).await, "HTTP/1.1 200 OK");
+    let started = Instant::now();
+    let mut newcomer = server.connect().await;
+    assert_eq!(exchange(&mut newcomer).await, "HTTP/1.1 200 OK");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "the newcomer waited {took:?}");
+    let closed = closed_after(&mut idle).await;
+    assert!(closed < Duration::from_secs(2), "the idle connection was not closed for the newcomer ({closed:?})");
+    assert_eq!(exchange(&mut served).await, "HTTP/1.1 200 OK", "the served connection stays open");
 }
 
 /// Slow clients hold connections, yet a legitimate client is answered within 100 ms.

@@ -1,6 +1,7 @@
 //! The admission webhook server: `/validate` and `/mutate` over HTTPS, and the probe and
 //! metrics endpoints on a separate plain-HTTP port so that kubelet probes never need TLS.
 
+pub mod connections;
 pub mod limits;
 pub mod review;
 pub mod server;

@@ -1,17 +1,21 @@
 //! Serving the admission router over tokio-rustls and the probe router over plain HTTP, with a
-//! connection cap, handshake/header/idle timeouts and a backed-off accept loop.
+//! connection cap (see [`super::connections`]), handshake/header/idle timeouts and a backed-off
+//! accept loop.
 
+use super::connections::{ConnectionSlot, ConnectionSlots};
 use super::limits::ServerLimits;
 use super::tls::{server_config, ReloadingCertificate};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// How long in-flight requests get to finish after shutdown starts.
@@ -28,11 +32,11 @@ const MAX_READ_BUFFER: usize = 64 * 1024;
 /// Connections to the probe port (kubelet and Prometheus need a handful).
 const MAX_PROBE_CONNECTIONS: usize = 64;
 
-/// Accepts connections once a connection slot is free; on errors (EMFILE, ENFILE, ENOBUFS…)
-/// backs off exponentially instead of spinning, and logs at most once per interval.
+/// Accepts connections and gives each a slot; on errors (EMFILE, ENFILE, ENOBUFS…) backs off
+/// exponentially instead of spinning, and logs at most once per interval.
 struct Acceptor {
     listener: TcpListener,
-    slots: Arc<Semaphore>,
+    slots: Arc<ConnectionSlots>,
     backoff: Duration,
     failures_since_log: u64,
     last_log: Option<Instant>,
@@ -43,7 +47,7 @@ impl Acceptor {
     fn new(listener: TcpListener, max_connections: usize, name: &'static str) -> Self {
         Self {
             listener,
-            slots: Arc::new(Semaphore::new(max_connections.max(1))),
+            slots: ConnectionSlots::new(max_connections),
             backoff: ACCEPT_BACKOFF_START,
             failures_since_log: 0,
             last_log: None,
@@ -51,14 +55,14 @@ impl Acceptor {
         }
     }
 
-    /// The next connection with its slot (released when the connection task ends).
-    async fn accept(&mut self) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
-        // While every slot is taken, new clients wait in the kernel's listen backlog.
-        let slot = self.slots.clone().acquire_owned().await.expect("the connection semaphore is never closed");
+    /// The next connection with its slot (released when the connection task ends). While served
+    /// connections hold every slot, the next clients wait in the kernel's listen backlog.
+    async fn accept(&mut self) -> (TcpStream, SocketAddr, ConnectionSlot) {
         loop {
             match self.listener.accept().await {
                 Ok((stream, peer)) => {
                     self.backoff = ACCEPT_BACKOFF_START;
+                    let slot = self.slots.claim().await;
                     return (stream, peer, slot);
                 }
                 Err(error) => {
@@ -118,12 +122,11 @@ pub async fn serve_tls(
             tracing::debug!(%peer, %error, "cannot set TCP_NODELAY");
         }
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(marks_served(router.clone(), &slot));
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let handshake_timeout = limits.handshake_timeout;
-        tokio::spawn(async move {
-            let _slot = slot;
+        tokio::spawn(until_evicted(slot, peer, async move {
             let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
@@ -133,7 +136,7 @@ pub async fn serve_tls(
             if let Err(error) = watcher.watch(connection).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
-        });
+        }));
     }
     drain(graceful).await;
 }
@@ -144,19 +147,38 @@ pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: wa
     let builder = http1(&ServerLimits::default());
     let mut connections = Acceptor::new(listener, MAX_PROBE_CONNECTIONS, "probe");
     loop {
-        let (stream, _, slot) = tokio::select! {
+        let (stream, peer, slot) = tokio::select! {
             accepted = connections.accept() => accepted,
             _ = shutdown.wait_for(|stop| *stop) => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(marks_served(router.clone(), &slot));
         let watcher = graceful.watcher();
         let connection = builder.serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(async move {
-            let _slot = slot;
+        tokio::spawn(until_evicted(slot, peer, async move {
             let _ = watcher.watch(connection).await;
-        });
+        }));
     }
     drain(graceful).await;
+}
+
+/// `router`, marking the connection of `slot` as served once it has produced a response.
+fn marks_served(router: Router, slot: &ConnectionSlot) -> Router {
+    let served = slot.served.clone();
+    router.layer(tower::util::MapResponseLayer::new(move |response: axum::response::Response| {
+        served.store(true, Ordering::Release);
+        response
+    }))
+}
+
+/// Runs a connection's task until it ends or its slot is claimed for a newcomer (which closes
+/// the connection by dropping it); the slot is released when this returns.
+async fn until_evicted(slot: ConnectionSlot, peer: SocketAddr, connection: impl Future<Output = ()>) {
+    tokio::select! {
+        () = connection => {}
+        () = slot.evicted.notified() => {
+            tracing::debug!(%peer, "closed to make room: no request answered while every slot was taken");
+        }
+    }
 }
 
 async fn drain(graceful: GracefulShutdown) {

@@ -428,6 +428,9 @@ launch_controller_manager() {
   # --root-ca-file: published as kube-root-ca.crt in every namespace (for service-account tokens).
   # --cluster-signing-*: lets CertificateSigningRequests be signed.
   # --enable-hostpath-provisioner: dynamic PVs for StorageClass provisioner kubernetes.io/host-path.
+  # --kube-api-qps/--kube-api-burst, --concurrent-*-syncs: the defaults (20 requests/s per controller,
+  #   5 workers) make the StatefulSet, PV and EndpointSlice controllers, not the apiserver, the ceiling
+  #   when many databases are created at once (benches/README.md, scale); large clusters raise them too.
   start kube-controller-manager "$K8S_DIR/kube-controller-manager" \
     --kubeconfig="$RUN/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$RUN/controller-manager.kubeconfig" \
@@ -444,6 +447,11 @@ launch_controller_manager() {
     --cluster-signing-key-file="$PKI/ca.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --enable-hostpath-provisioner=true \
+    --kube-api-qps="${DBSERVICE_CONTROLLER_MANAGER_QPS:-400}" \
+    --kube-api-burst="${DBSERVICE_CONTROLLER_MANAGER_BURST:-800}" \
+    --concurrent-statefulset-syncs=20 \
+    --concurrent-service-endpoint-syncs=20 \
+    --concurrent-endpoint-syncs=20 \
     --profiling=false
 }
 
@@ -457,6 +465,8 @@ launch_scheduler() {
     --bind-address=127.0.0.1 \
     --secure-port="$SCHEDULER_PORT" \
     --leader-elect=false \
+    --kube-api-qps="${DBSERVICE_CONTROLLER_MANAGER_QPS:-400}" \
+    --kube-api-burst="${DBSERVICE_CONTROLLER_MANAGER_BURST:-800}" \
     --profiling=false
 }
 
