@@ -150,8 +150,10 @@ pub struct RunArgs {
     /// several operator installations share a cluster, e.g. a canary.
     #[arg(long, env = "DBSERVICE_SELECTOR", default_value = "")]
     pub selector: String,
-    /// DatabaseServices reconciled at once.
-    #[arg(long, env = "DBSERVICE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// DatabaseServices reconciled at once. 16: a pass is a few sequential writes waiting on the
+    /// apiserver, so with 4 the operator sat idle while 400 of 1000 new DatabaseServices waited for
+    /// their first pass (benches/README.md, scale).
+    #[arg(long, env = "DBSERVICE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
     /// Manage the webhook certificates in-cluster (Secret, caBundle, renewal).
     #[arg(long, env = "DBSERVICE_MANAGE_CERTIFICATES", default_value_t = false)]

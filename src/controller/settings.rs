@@ -35,7 +35,7 @@ impl Default for ControllerSettings {
             restart_backoff: Duration::from_secs(30),
             restart_backoff_cap: Duration::from_secs(1800),
             restore_probe: Duration::from_secs(300),
-            concurrency: 4,
+            concurrency: 16,
             watch_namespace: None,
             selector: None,
         }
