@@ -155,6 +155,7 @@ writes_before="$(metric_sum dbservice_controller_writes_total)"
 sleep "$quiet_seconds"
 writes_after="$(metric_sum dbservice_controller_writes_total)"
 peak_rss_kib="$(awk '/VmHWM/ {print $2}' "/proc/$operator_pid/status")"
+rss_kib="$(awk '/VmRSS/ {print $2}' "/proc/$operator_pid/status")"
 admission_errors="$(metric_sum dbservice_admission_requests_total 'result="error"')"
 
 requests_by_verb() {
@@ -177,7 +178,7 @@ cat <<REPORT | tee "$work/report.txt"
 bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build for $rust_target
   created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
   all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
-  operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB)
+  operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB); after the quiet period $((rss_kib / 1024)) MiB
   operator CPU:            $(elapsed "$operator_cpu_before" "$operator_cpu_after") s
   apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
   API requests (converge): $(requests_by_verb)

@@ -29,6 +29,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// An Api for `K` in the watched namespace, or in all namespaces.
+/// Objects per page of a watch's (re)list.
+const LIST_PAGE_SIZE: u32 = 50;
+
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
@@ -42,7 +45,7 @@ where
 /// Watch configuration of the children: managed-by label; lists may be served from the
 /// apiserver's cache (any resourceVersion) to spare etcd on start-up.
 fn managed() -> watcher::Config {
-    watcher::Config::default().labels(MANAGED_SELECTOR).any_semantic()
+    watcher::Config::default().labels(MANAGED_SELECTOR).page_size(LIST_PAGE_SIZE)
 }
 
 /// A cached, slimmed watch of `K`: the store every pass reads, and the stream that triggers passes.
@@ -66,7 +69,7 @@ fn instance_of<K: ResourceExt>(object: K) -> Option<ObjectRef<DatabaseService>> 
 fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService>, Stores) {
     let settings = &context.settings;
     let namespace = settings.watch_namespace.as_deref();
-    let mut selected = watcher::Config::default().any_semantic();
+    let mut selected = watcher::Config::default().page_size(LIST_PAGE_SIZE);
     if let Some(selector) = &settings.selector {
         selected = selected.labels(selector);
     }
