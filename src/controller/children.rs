@@ -178,10 +178,18 @@ fn slim_metadata(metadata: &mut kube::api::ObjectMeta) {
 }
 
 impl Slim for crate::api::DatabaseService {
+    /// Only the operator's own annotations are read; others (kubectl's last-applied copy of the
+    /// whole object, tooling notes) would double what every cached DatabaseService costs.
     fn slim(&mut self) {
         self.metadata.managed_fields = None;
+        if let Some(annotations) = self.metadata.annotations.as_mut() {
+            annotations.retain(|key, _| key.starts_with(OWN_ANNOTATION_PREFIX));
+        }
     }
 }
+
+/// Prefix of the annotations the operator reads on a DatabaseService.
+pub const OWN_ANNOTATION_PREFIX: &str = "dbservice.dev/";
 
 impl<K> Slim for Compact<K> {
     fn slim(&mut self) {
@@ -294,6 +302,21 @@ mod tests {
         assert_eq!(first.data, same.data);
         assert_ne!(first.data, other.data);
         assert!(serde_json::to_string(&first).unwrap().len() < 200);
+    }
+
+    #[test]
+    fn databases_keep_only_the_operators_annotations() {
+        let mut database: crate::api::DatabaseService = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+            "metadata": {"name": "db", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"a\": 1}",
+                "dbservice.dev/switchover-to": "db-1"}},
+            "spec": {"version": "16.4", "storageSize": "1Gi", "databaseName": "app", "username": "app_user"}
+        }))
+        .unwrap();
+        database.slim();
+        let annotations = database.metadata.annotations.unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["dbservice.dev/switchover-to"]);
     }
 
     #[test]
