@@ -135,14 +135,30 @@ failures="$(cat "$work"/part-?.out | grep -vc 'created$' || true)"
 created="$(kubectl get databaseservices -n "$namespace" --no-headers 2>/dev/null | wc -l)"
 
 step "waiting until all $created are Running"
+# Milestones, each the first poll at which all N had reached it, to show which stage is the long
+# pole: the operator's first pass (status written, children created), the StatefulSet controller
+# (pods), the PV controller (claims Bound), scheduler + kwok (pods Running), the operator's
+# last pass (DatabaseService Running). Pods and claims through server-side tables, not whole
+# objects, to keep the polling light.
+declare -A reached=()
+milestone() { # NAME COUNT
+  if [ -z "${reached[$1]:-}" ] && [ "$2" -ge "$created" ]; then reached[$1]="$(elapsed "$start" "$(now)")"; fi
+}
 running=0
 deadline=$(( $(date +%s) + ${BENCH_TIMEOUT:-1800} ))
 while :; do
-  running="$(kubectl get databaseservices -n "$namespace" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c '^Running$' || true)"
+  phases="$(kubectl get databaseservices -n "$namespace" --no-headers -o custom-columns=PHASE:.status.phase 2>/dev/null)"
+  running="$(grep -c '^Running$' <<<"$phases" || true)"
+  milestone "status written" "$(grep -c -v -e '^<none>$' -e '^$' <<<"$phases" || true)"
+  pods="$(kubectl get pods -n "$namespace" --no-headers 2>/dev/null | awk '{print $3}')"
+  milestone "pods created" "$(grep -c . <<<"$pods" || true)"
+  milestone "claims Bound" "$(kubectl get pvc -n "$namespace" --no-headers 2>/dev/null | grep -c ' Bound ' || true)"
+  milestone "pods Running" "$(grep -c '^Running$' <<<"$pods" || true)"
+  milestone "databases Running" "$running"
   [ "$running" -ge "$created" ] && break
-  if [ "$(( $(date +%s) % 10 ))" -lt 2 ]; then echo "  $(elapsed "$start" "$(now)") s: $running Running" >&2; fi
+  echo "  $(elapsed "$start" "$(now)") s: $running Running" >&2
   [ "$(date +%s)" -ge "$deadline" ] && { echo "timed out with $running of $created Running" >&2; break; }
-  sleep 2
+  sleep 3
 done
 converged_at="$(now)"
 operator_cpu_after="$(cpu_seconds "$operator_pid")"
@@ -178,6 +194,7 @@ cat <<REPORT | tee "$work/report.txt"
 bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build for $rust_target
   created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
   all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
+  all N reached (s):       status written ${reached[status written]:--}, pods created ${reached[pods created]:--}, claims Bound ${reached[claims Bound]:--}, pods Running ${reached[pods Running]:--}, databases Running ${reached[databases Running]:--}
   operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB); after the quiet period $((rss_kib / 1024)) MiB
   operator CPU:            $(elapsed "$operator_cpu_before" "$operator_cpu_after") s
   apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
