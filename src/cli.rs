@@ -34,6 +34,10 @@ pub enum Command {
     WalArchive(crate::backup::config::WalArchiveArgs),
     /// PostgreSQL's restore_command: `wal-restore %f %p` downloads one WAL file from the object store.
     WalRestore(crate::backup::config::WalRestoreArgs),
+    /// Take one base backup: pg_basebackup streamed, compressed, to the object store.
+    Backup(crate::backup::config::BaseBackupArgs),
+    /// Fill an empty data directory from a base backup, set up to recover to a target.
+    Restore(crate::backup::config::RestoreArgs),
 }
 
 /// Flags of `instance`.

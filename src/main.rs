@@ -34,6 +34,10 @@ async fn main() {
         Some(Command::WalRestore(args)) => {
             dbservice_operator::backup::wal::restore_command(args).await.map_err(Into::into)
         }
+        Some(Command::Backup(args)) => dbservice_operator::backup::base::backup_command(args).await.map_err(Into::into),
+        Some(Command::Restore(args)) => {
+            dbservice_operator::backup::restore::restore_command(args).await.map_err(Into::into)
+        }
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

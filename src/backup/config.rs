@@ -159,6 +159,77 @@ pub struct WalRestoreArgs {
     pub store: StoreArgs,
 }
 
+/// Flags of `backup`: one base backup of a running server.
+#[derive(Debug, Args, Clone)]
+pub struct BaseBackupArgs {
+    /// Server to back up (a standby by preference); PGPASSWORD is used when set.
+    #[arg(long, env = "PGHOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Its port.
+    #[arg(long, env = "PGPORT", default_value_t = 5432)]
+    pub port: u16,
+    /// Role with the REPLICATION attribute.
+    #[arg(long, env = "PGUSER", default_value = "postgres")]
+    pub user: String,
+    /// The primary, where pg_switch_wal() completes the backup's last segment (default: the
+    /// source when it is a primary; a standby source without it relies on archive_timeout).
+    #[arg(long, env = "DBSERVICE_BACKUP_SWITCH_WAL_HOST")]
+    pub switch_wal_host: Option<String>,
+    /// Backup id (default: the start time, YYYYMMDDTHHMMSSZ).
+    #[arg(long, env = "DBSERVICE_BACKUP_ID")]
+    pub backup_id: Option<String>,
+    /// Directory of pg_basebackup (default: found on PATH).
+    #[arg(long, env = "DBSERVICE_PG_BIN_DIR")]
+    pub pg_bin_dir: Option<PathBuf>,
+    /// Size of each stored chunk in MiB: the memory the backup needs.
+    #[arg(long, env = "DBSERVICE_BACKUP_CHUNK_MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(5..=1024))]
+    pub chunk_mib: u64,
+    /// Seconds to wait for the backup's last WAL segment to be archived.
+    #[arg(long, env = "DBSERVICE_BACKUP_WAL_WAIT_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub wal_wait_seconds: u64,
+    /// Object store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Flags of `restore`: fill an empty data directory for point-in-time recovery.
+#[derive(Debug, Args, Clone)]
+#[command(group = clap::ArgGroup::new("target").multiple(false))]
+pub struct RestoreArgs {
+    /// Data directory to fill; must be empty or absent.
+    #[arg(long, env = "PGDATA")]
+    pub pgdata: PathBuf,
+    /// Backup to start from (default: the latest that ended before the target).
+    #[arg(long, env = "DBSERVICE_RESTORE_BACKUP_ID")]
+    pub backup_id: Option<String>,
+    /// Recover up to this time (RFC 3339, e.g. 2026-12-01T00:30:00Z).
+    #[arg(long, group = "target", env = "DBSERVICE_RESTORE_TARGET_TIME")]
+    pub target_time: Option<String>,
+    /// Recover up to this LSN (e.g. 0/3000028).
+    #[arg(long, group = "target", env = "DBSERVICE_RESTORE_TARGET_LSN")]
+    pub target_lsn: Option<String>,
+    /// Recover up to the commit of this transaction id (needs --backup-id).
+    #[arg(long, group = "target", env = "DBSERVICE_RESTORE_TARGET_XID")]
+    pub target_xid: Option<u64>,
+    /// Recover up to this restore point (needs --backup-id).
+    #[arg(long, group = "target", env = "DBSERVICE_RESTORE_TARGET_NAME")]
+    pub target_name: Option<String>,
+    /// Binary PostgreSQL runs as restore_command (default: this one).
+    #[arg(long, env = "DBSERVICE_RESTORE_COMMAND_BINARY")]
+    pub restore_command_binary: Option<PathBuf>,
+    /// Object store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Flags of `backups list`: the backups in the store and the recoverable window.
+#[derive(Debug, Args, Clone)]
+pub struct ListBackupsArgs {
+    /// Object store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
 #[cfg(test)]
 mod tests {
     use crate::cli::{Cli, Command};

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! <path>/<server>/wal/<timeline>/<wal file name>[.zst]   segments, .history, .backup, .partial
-//! <path>/<server>/base/<backup id>/data.tar[.zst]        base backups (pg_basebackup -Ft)
-//! <path>/<server>/base/<backup id>/backup.json           base backup description
+//! <path>/<server>/base/<backup id>/data.tar[.zst].<NNNNN> base backup: the pg_basebackup -Ft stream, in chunks
+//! <path>/<server>/base/<backup id>/backup.json           base backup description, written last
 //! ```
 //!
 //! `<timeline>` is the 8 hex digits every WAL file name starts with, so that listing one
@@ -140,6 +140,27 @@ impl KeyLayout {
         }
         Ok(format!("{}base/{backup_id}/", self.root))
     }
+
+    /// `<path>/<server>/base/`
+    pub fn base_prefix(&self) -> String {
+        format!("{}base/", self.root)
+    }
+
+    /// `<path>/<server>/base/<id>/backup.json`
+    pub fn backup_manifest_key(&self, backup_id: &str) -> Result<String, KeyError> {
+        Ok(format!("{}{}", self.base_backup_prefix(backup_id)?, crate::backup::manifest::MANIFEST_FILE))
+    }
+
+    /// `<path>/<server>/base/<id>/data.tar[.zst].<index>`: the index has five digits so that
+    /// keys sort in stream order (100 000 chunks of 64 MiB are 6 TiB).
+    pub fn backup_chunk_key(&self, backup_id: &str, index: u32, compression: Compression) -> Result<String, KeyError> {
+        Ok(format!("{}data.tar{}.{index:05}", self.base_backup_prefix(backup_id)?, compression.suffix()))
+    }
+
+    /// The backup id of a key under [`KeyLayout::base_prefix`].
+    pub fn backup_id_of<'a>(&self, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(&self.root)?.strip_prefix("base/")?.split('/').next().filter(|id| !id.is_empty())
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +186,21 @@ mod tests {
         );
         assert_eq!(layout.wal_prefix(), "backups/prod/orders/wal/");
         assert_eq!(layout.base_backup_prefix("20261130T221500").unwrap(), "backups/prod/orders/base/20261130T221500/");
+        assert_eq!(layout.base_prefix(), "backups/prod/orders/base/");
+        assert_eq!(
+            layout.backup_manifest_key("20261130T221500Z").unwrap(),
+            "backups/prod/orders/base/20261130T221500Z/backup.json"
+        );
+        assert_eq!(
+            layout.backup_chunk_key("20261130T221500Z", 7, Compression::Zstd).unwrap(),
+            "backups/prod/orders/base/20261130T221500Z/data.tar.zst.00007"
+        );
+        assert_eq!(
+            layout.backup_id_of("backups/prod/orders/base/20261130T221500Z/backup.json"),
+            Some("20261130T221500Z")
+        );
+        assert_eq!(layout.backup_id_of("backups/prod/orders/wal/00000001/x"), None);
+        assert!(layout.backup_manifest_key("../other").is_err());
     }
 
     #[test]
