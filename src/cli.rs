@@ -38,6 +38,10 @@ pub enum Command {
     Backup(crate::backup::config::BaseBackupArgs),
     /// Fill an empty data directory from a base backup, set up to recover to a target.
     Restore(crate::backup::config::RestoreArgs),
+    /// List the base backups in the object store and the recoverable window (JSON).
+    BackupList(crate::backup::config::ListBackupsArgs),
+    /// Delete base backups and WAL outside a retention window, nothing a kept backup needs.
+    BackupPrune(crate::backup::config::PruneBackupsArgs),
 }
 
 /// Flags of `instance`.

@@ -38,6 +38,12 @@ async fn main() {
         Some(Command::Restore(args)) => {
             dbservice_operator::backup::restore::restore_command(args).await.map_err(Into::into)
         }
+        Some(Command::BackupList(args)) => {
+            dbservice_operator::backup::catalog::list_command(args).await.map_err(Into::into)
+        }
+        Some(Command::BackupPrune(args)) => {
+            dbservice_operator::backup::catalog::prune_command(args).await.map_err(Into::into)
+        }
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

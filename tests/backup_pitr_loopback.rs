@@ -221,5 +221,62 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     .await;
     assert_eq!(used["timeline"], 1);
     assert_eq!(batches(&across_client).await, expected(6), "recovery did not follow timeline 2 to the target");
+    drop(across_client);
+
+    // A second backup, on timeline 2; then retention, evaluated two days ahead with a one-day
+    // window, keeps only it (the newest backup always stays) and the WAL it needs.
+    let second: serde_json::Value = serde_json::from_str(&sandbox.run(&[
+        "backup",
+        &format!("--port={}", promoted.port),
+        &format!("--pg-bin-dir={}", bin.display()),
+        "--wal-wait-seconds=60",
+    ]))
+    .unwrap();
+    assert_eq!(second["timeline"], 2);
+    let listed: serde_json::Value = serde_json::from_str(&sandbox.run(&["backup-list"])).unwrap();
+    let ids: Vec<&str> =
+        listed["backups"].as_array().unwrap().iter().map(|backup| backup["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![backup_id.as_str(), second["id"].as_str().unwrap()]);
+    assert_eq!(listed["recoverableWindow"]["firstRecoverabilityPoint"], backup["endTime"]);
+    let in_two_days = (chrono::Utc::now() + chrono::Duration::days(2)).to_rfc3339();
+    let wal_before: Vec<String> = wal_keys(&store).await;
+    let prune = ["backup-prune", "--retention=1d", &format!("--at={in_two_days}")];
+    let dry_run: serde_json::Value =
+        serde_json::from_str(&sandbox.run(&[prune[0], prune[1], prune[2], "--dry-run"])).unwrap();
+    assert_eq!(wal_keys(&store).await, wal_before, "a dry run deleted WAL");
+    let pruned: serde_json::Value = serde_json::from_str(&sandbox.run(&prune)).unwrap();
+    assert_eq!(pruned["expiredBackups"], dry_run["expiredBackups"]);
+    assert_eq!(pruned["expiredBackups"], serde_json::json!([backup_id]));
+    let first_prefix = format!("{PREFIX}/{SERVER_NAME}/base/{backup_id}/");
+    assert!(store.client.list_objects(&first_prefix).await.unwrap().is_empty(), "chunks of the expired backup remain");
+    let second_begin = second["beginWal"].as_str().unwrap().to_string();
+    let wal_after = wal_keys(&store).await;
+    for key in &wal_before {
+        let name = key.rsplit('/').next().unwrap().trim_end_matches(".zst");
+        let needed = name.ends_with(".history") || name[8..24] >= second_begin[8..24];
+        assert_eq!(
+            wal_after.contains(key),
+            needed,
+            "{key}: kept must equal needed (second backup begins at {second_begin})"
+        );
+    }
+    assert!(wal_after.len() < wal_before.len(), "retention deleted no WAL");
+
+    // What is left still recovers everything.
+    let (_latest, latest_client, used) =
+        restore_and_start(&sandbox, "restore-after-retention", &[], &restored_settings).await;
+    assert_eq!(used["id"], second["id"]);
+    assert_eq!(batches(&latest_client).await, expected(7));
     drop(promoted);
+}
+
+async fn wal_keys(store: &Store) -> Vec<String> {
+    store
+        .client
+        .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|object| object.key)
+        .collect()
 }

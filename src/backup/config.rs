@@ -222,12 +222,39 @@ pub struct RestoreArgs {
     pub store: StoreArgs,
 }
 
-/// Flags of `backups list`: the backups in the store and the recoverable window.
+/// Flags of `backup-list`: the backups in the store and the recoverable window.
 #[derive(Debug, Args, Clone)]
 pub struct ListBackupsArgs {
     /// Object store settings.
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+/// Flags of `backup-prune`: enforce a retention policy on the store.
+#[derive(Debug, Args, Clone)]
+pub struct PruneBackupsArgs {
+    /// Recovery window to keep, e.g. 30d, 4w or 1m (30 days).
+    #[arg(long, env = "DBSERVICE_BACKUP_RETENTION", value_parser = parse_retention)]
+    pub retention: crate::backup::retention::RetentionPolicy,
+    /// Evaluate the window at this time (RFC 3339) instead of now: shows what a later run deletes.
+    #[arg(long, value_parser = parse_time)]
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Print what would be deleted, delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Object store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+fn parse_retention(value: &str) -> Result<crate::backup::retention::RetentionPolicy, String> {
+    value.parse().map_err(|error: crate::backup::retention::ParseRetentionError| error.to_string())
+}
+
+fn parse_time(value: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|time| time.with_timezone(&chrono::Utc))
+        .map_err(|error| format!("{value:?} is not an RFC 3339 time: {error}"))
 }
 
 #[cfg(test)]

@@ -91,6 +91,44 @@ pub fn plan(
     RetentionPlan { expired_backups: expired.iter().map(|backup| backup.id.clone()).collect(), expired_wal }
 }
 
+/// Why enforcing retention stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum EnforceRetentionError {
+    /// The store could not be listed or read.
+    #[error(transparent)]
+    Catalog(#[from] crate::backup::catalog::CatalogError),
+    /// A delete failed (what was deleted before stays deleted; the next run continues).
+    #[error(transparent)]
+    Store(#[from] crate::backup::client::StoreError),
+}
+
+/// Plans retention at `now` and carries it out: each expired backup loses its `backup.json`
+/// first (from then on it is not a backup for any reader), then its chunks; WAL goes last.
+pub async fn enforce(
+    client: &crate::backup::client::S3Client,
+    layout: &crate::backup::keys::KeyLayout,
+    policy: RetentionPolicy,
+    now: DateTime<Utc>,
+) -> Result<RetentionPlan, EnforceRetentionError> {
+    let backups = crate::backup::catalog::list_backups(client, layout).await?;
+    let wal: Vec<String> =
+        crate::backup::catalog::list_wal(client, layout).await?.into_iter().map(|object| object.key).collect();
+    let plan = plan(&backups, &wal, policy, now);
+    for id in &plan.expired_backups {
+        // Ids come from listed manifests, which passed the key checks when written.
+        if let (Ok(manifest), Ok(prefix)) = (layout.backup_manifest_key(id), layout.base_backup_prefix(id)) {
+            client.delete_object(&manifest).await?;
+            for object in client.list_objects(&prefix).await? {
+                client.delete_object(&object.key).await?;
+            }
+        }
+    }
+    for key in &plan.expired_wal {
+        client.delete_object(key).await?;
+    }
+    Ok(plan)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
