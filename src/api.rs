@@ -70,6 +70,12 @@ pub struct DatabaseServiceSpec {
     /// Stop reconciling (for maintenance); the objects are left as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Continuous WAL archiving and base backups to an S3-compatible object store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<crate::backup::spec::BackupSpec>,
+    /// How a new database gets its first data: empty (default) or recovered from backups. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<crate::backup::spec::BootstrapSpec>,
 }
 
 /// Fate of the data volumes and the credentials Secret on deletion.

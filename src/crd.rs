@@ -21,6 +21,8 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
         properties[field]["x-kubernetes-validations"] =
             json!([{"rule": "self == oldSelf", "message": "field is immutable"}]);
     }
+    properties["bootstrap"]["x-kubernetes-validations"] =
+        json!([{"rule": "self == oldSelf", "message": "field is immutable"}]);
     properties["storageSize"]["x-kubernetes-validations"] = json!([{
         "rule": "!isQuantity(self) || !isQuantity(oldSelf) || quantity(self).compareTo(quantity(oldSelf)) >= 0",
         "message": "may grow but never shrink"

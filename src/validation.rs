@@ -215,6 +215,8 @@ pub fn validate(
     if let Some(storage_class) = spec.storage_class_name.as_deref() {
         validate_storage_class(storage_class, &mut outcome.errors);
     }
+    let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
+    crate::backup::validation::validate_backup_spec(name, spec, &mut outcome.errors);
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
     }

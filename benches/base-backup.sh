@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Base backup and restore throughput of `dbservice-operator backup` / `restore` for a pgbench
+# database of a few GiB, against moto_server on loopback, beside the raw speed of the disk
+# (dd, O_DIRECT) and of the store (one unsigned 256 MiB PUT/GET with curl).
+#   benches/base-backup.sh [pgbench scale]   (default 150, about 2.3 GiB; binary:
+#                                             target/release/dbservice-operator, or BINARY=...)
+set -euo pipefail
+scale="${1:-150}"
+binary="${BINARY:-${CARGO_TARGET_DIR:-target}/release/dbservice-operator}"
+pg_bin="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+work="$(mktemp -d /tmp/base-backup-bench.XXXXXX)"
+port=$((20000 + RANDOM % 20000))
+moto_port=$((port + 1))
+as_pg=()
+if [ "$(id -u)" = 0 ]; then chown postgres "$work"; as_pg=(runuser -u postgres --); fi
+cleanup() {
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -m immediate stop >/dev/null 2>&1 || true
+  if [ -n "${moto_pid:-}" ]; then kill "$moto_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+now() { date +%s.%N; }
+mib_per_s() { python3 -c "import sys; b,s,e=map(float,sys.argv[1:]); print(f'{b/2**20:.0f} MiB in {e-s:.1f} s = {b/2**20/(e-s):.0f} MiB/s')" "$@"; }
+
+moto_server -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
+moto_pid=$!
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$moto_port/" && break; sleep 0.2; done
+curl -s -X PUT -o /dev/null "http://127.0.0.1:$moto_port/bench"
+
+echo "== raw speeds"
+dd if=/dev/urandom of="$work/random" bs=1M count=256 status=none
+start=$(now); dd if=/dev/zero of="$work/dd" bs=1M count=2048 oflag=direct status=none; end=$(now)
+echo "disk write (dd, O_DIRECT, 1 MiB blocks): $(mib_per_s $((2048 * 1048576)) "$start" "$end")"
+start=$(now); dd if="$work/dd" of=/dev/null bs=1M iflag=direct status=none; end=$(now)
+echo "disk read  (dd, O_DIRECT, 1 MiB blocks): $(mib_per_s $((2048 * 1048576)) "$start" "$end")"
+rm -f "$work/dd"
+start=$(now); curl -s -o /dev/null -X PUT --data-binary @"$work/random" "http://127.0.0.1:$moto_port/bench/raw"; end=$(now)
+echo "store PUT  (curl, 256 MiB, unsigned):     $(mib_per_s $((256 * 1048576)) "$start" "$end")"
+start=$(now); curl -s -o /dev/null "http://127.0.0.1:$moto_port/bench/raw"; end=$(now)
+echo "store GET  (curl, 256 MiB):               $(mib_per_s $((256 * 1048576)) "$start" "$end")"
+curl -s -o /dev/null -X DELETE "http://127.0.0.1:$moto_port/bench/raw"
+
+echo "== database (pgbench scale $scale)"
+"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pgdata" -U postgres --auth=trust --no-sync >/dev/null
+# WAL of the initial load is discarded (archive_command = true); our archiver is switched on after.
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
+  -c unix_socket_directories=$work -c max_wal_size=4GB -c archive_mode=on -c archive_command=true" start >/dev/null
+"${as_pg[@]}" "$pg_bin/pgbench" -h 127.0.0.1 -p "$port" -U postgres -i -q -s "$scale" postgres >/dev/null 2>&1
+export DBSERVICE_S3_ENDPOINT="http://127.0.0.1:$moto_port" DBSERVICE_S3_BUCKET=bench DBSERVICE_S3_PATH=bench \
+  DBSERVICE_BACKUP_SERVER_NAME=pgbench AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s DBSERVICE_S3_TIMEOUT_SECONDS=300
+"${as_pg[@]}" "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -c \
+  "alter system set archive_command = '\"$(realpath "$binary")\" wal-archive %p %f'" -c "select pg_reload_conf()" >/dev/null
+# The server inherited no store settings: give them to it through the archive_command environment.
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -m fast stop >/dev/null
+"${as_pg[@]}" env DBSERVICE_S3_ENDPOINT="$DBSERVICE_S3_ENDPOINT" DBSERVICE_S3_BUCKET=bench DBSERVICE_S3_PATH=bench \
+  DBSERVICE_BACKUP_SERVER_NAME=pgbench AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s \
+  "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
+  -c unix_socket_directories=$work -c max_wal_size=4GB -c archive_mode=on" start >/dev/null
+size=$(du -sb "$work/pgdata" | cut -f1)
+echo "data directory: $((size / 1048576)) MiB"
+
+start=$(now)
+manifest=$("$binary" backup --host 127.0.0.1 --port "$port" --user postgres --pg-bin-dir "$pg_bin")
+end=$(now)
+read -r tar_bytes stored_bytes < <(python3 -c "import json,sys; m=json.loads(sys.argv[1]); print(m['sizeBytes'], m['storedBytes'])" "$manifest")
+echo "backup  (pg_basebackup -> zstd -> store): $(mib_per_s "$tar_bytes" "$start" "$end") of tar, stored $((stored_bytes / 1048576)) MiB (ratio $(python3 -c "print(f'{$tar_bytes/$stored_bytes:.1f}')")x)"
+
+mkdir "$work/restored"; [ "$(id -u)" = 0 ] && chown postgres "$work/restored"
+start=$(now)
+"${as_pg[@]}" env DBSERVICE_S3_ENDPOINT="$DBSERVICE_S3_ENDPOINT" DBSERVICE_S3_BUCKET=bench DBSERVICE_S3_PATH=bench \
+  DBSERVICE_BACKUP_SERVER_NAME=pgbench AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s DBSERVICE_S3_TIMEOUT_SECONDS=300 \
+  "$binary" restore --pgdata "$work/restored" >/dev/null
+end=$(now)
+echo "restore (store -> zstd -> tar -> disk):  $(mib_per_s "$tar_bytes" "$start" "$end") of tar"
