@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Base backup and restore throughput of `dbservice-operator backup` / `restore` for a pgbench
 # database of a few GiB, against moto_server on loopback, beside the raw speed of the disk
-# (dd, O_DIRECT) and of the store (one unsigned 256 MiB PUT/GET with curl).
-#   benches/base-backup.sh [pgbench scale]   (default 150, about 2.3 GiB; binary:
-#                                             target/release/dbservice-operator, or BINARY=...)
+# (dd, O_DIRECT) and of the store (one unsigned 256 MiB PUT/GET with curl). pgbench tables
+# compress far better than most data, so NOISE_MIB of random bytes (default 512) are added.
+#   benches/base-backup.sh [pgbench scale]   (default 150: with the noise about 2.8 GiB of tar;
+#                                             binary: target/release/dbservice-operator, or BINARY=...)
 set -euo pipefail
 scale="${1:-150}"
 binary="${BINARY:-${CARGO_TARGET_DIR:-target}/release/dbservice-operator}"
@@ -34,11 +35,14 @@ echo "disk write (dd, O_DIRECT, 1 MiB blocks): $(mib_per_s $((2048 * 1048576)) "
 start=$(now); dd if="$work/dd" of=/dev/null bs=1M iflag=direct status=none; end=$(now)
 echo "disk read  (dd, O_DIRECT, 1 MiB blocks): $(mib_per_s $((2048 * 1048576)) "$start" "$end")"
 rm -f "$work/dd"
-start=$(now); curl -s -o /dev/null -X PUT --data-binary @"$work/random" "http://127.0.0.1:$moto_port/bench/raw"; end=$(now)
+start=$(now); curl -sf -o /dev/null -T "$work/random" "http://127.0.0.1:$moto_port/bench/raw"; end=$(now)
 echo "store PUT  (curl, 256 MiB, unsigned):     $(mib_per_s $((256 * 1048576)) "$start" "$end")"
-start=$(now); curl -s -o /dev/null "http://127.0.0.1:$moto_port/bench/raw"; end=$(now)
-echo "store GET  (curl, 256 MiB):               $(mib_per_s $((256 * 1048576)) "$start" "$end")"
-curl -s -o /dev/null -X DELETE "http://127.0.0.1:$moto_port/bench/raw"
+# moto accepts unsigned PUTs but wants an Authorization header (which it does not verify) on GET.
+authorization="Authorization: AWS4-HMAC-SHA256 Credential=k/20261201/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"
+start=$(now); got=$(curl -sf -H "$authorization" -o /dev/null -w '%{size_download}' "http://127.0.0.1:$moto_port/bench/raw"); end=$(now)
+[ "$got" = $((256 * 1048576)) ] || { echo "store GET returned $got bytes" >&2; exit 1; }
+echo "store GET  (curl, 256 MiB):               $(mib_per_s "$got" "$start" "$end")"
+curl -s -H "$authorization" -o /dev/null -X DELETE "http://127.0.0.1:$moto_port/bench/raw"
 
 echo "== database (pgbench scale $scale)"
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pgdata" -U postgres --auth=trust --no-sync >/dev/null
@@ -46,6 +50,8 @@ echo "== database (pgbench scale $scale)"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
   -c unix_socket_directories=$work -c max_wal_size=4GB -c archive_mode=on -c archive_command=true" start >/dev/null
 "${as_pg[@]}" "$pg_bin/pgbench" -h 127.0.0.1 -p "$port" -U postgres -i -q -s "$scale" postgres >/dev/null 2>&1
+"${as_pg[@]}" "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -c "create extension if not exists pgcrypto" \
+  -c "create table noise as select gen_random_bytes(1000) as bytes from generate_series(1, ${NOISE_MIB:-512} * 1024)" >/dev/null
 export DBSERVICE_S3_ENDPOINT="http://127.0.0.1:$moto_port" DBSERVICE_S3_BUCKET=bench DBSERVICE_S3_PATH=bench \
   DBSERVICE_BACKUP_SERVER_NAME=pgbench AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s DBSERVICE_S3_TIMEOUT_SECONDS=300
 "${as_pg[@]}" "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -c \

@@ -181,6 +181,23 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
             restore_and_start(&sandbox, &format!("restore-{kind}"), &flags, &restored_settings).await;
         assert_eq!(used["id"], backup_id.as_str());
         assert_eq!(batches(&restored_client).await, expected(*through), "target {kind}: wrong rows restored");
+        if *kind == "latest" {
+            // A backup whose last WAL never reaches the store (this copy does not archive) fails
+            // after its wait and leaves nothing behind: failures do not pile up.
+            let error = sandbox
+                .try_run(&[
+                    "backup",
+                    &format!("--port={}", restored.port),
+                    &format!("--pg-bin-dir={}", bin.display()),
+                    "--backup-id=never-consistent",
+                    "--wal-wait-seconds=2",
+                ])
+                .unwrap_err();
+            assert!(error.contains("was not archived within 2s"), "{error}");
+            let leftovers =
+                store.client.list_objects(&format!("{PREFIX}/{SERVER_NAME}/base/never-consistent/")).await.unwrap();
+            assert!(leftovers.is_empty(), "a failed backup left {leftovers:?}");
+        }
         drop(restored_client);
         drop(restored);
     }

@@ -98,3 +98,44 @@ async fn a_dry_run_create_returns_the_defaulted_object_without_storing_it() {
     let message = rejection_message(api.create(&parameters, &bad).await.unwrap_err());
     assert!(message.contains(r#"spec.version: Invalid value: "v16""#), "{message}");
 }
+
+#[tokio::test]
+async fn backup_settings_and_recovery_targets_are_checked_on_admission() {
+    let Some(kubeconfig) = cluster_or_skip("backup_settings_and_recovery_targets_are_checked_on_admission") else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "backup-admission").await;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    let store = "{endpoint: \"http://10.85.0.1:9000\", bucket: backups, path: prod, serverName: orders, credentialsSecret: {name: s3}}";
+    let object = |name: &str, schedule: &str, target: &str| {
+        database_from_yaml(&format!(
+            "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: {name}\nspec:\n  version: \"16\"\n  \
+             storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  backup:\n    objectStore: {{endpoint: \
+             \"http://10.85.0.1:9000\", bucket: backups, path: restored, credentialsSecret: {{name: s3}}}}\n    \
+             schedule: \"{schedule}\"\n    retentionPolicy: 30d\n  bootstrap:\n    recovery:\n      source: {store}\n      \
+             target: {target}\n"
+        ))
+    };
+    let bad = object("bad-backup", "0 0 1 * * *", "{name: before-migration}");
+    let message = rejection_message(api.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert!(message.contains("admission webhook"), "not rejected by our webhook: {message}");
+    for expected in [
+        r#"spec.backup.schedule: Invalid value: "0 0 1 * * *": schedule "0 0 1 * * *" must have 5 fields"#,
+        "spec.bootstrap.recovery.target.name: Invalid value: \"\": needs spec.bootstrap.recovery.backupId",
+    ] {
+        assert!(message.contains(expected), "missing {expected:?} in {message}");
+    }
+    assert!(api.get_opt("bad-backup").await.unwrap().is_none(), "a rejected object must not be stored");
+
+    let good = object("restored", "0 1 * * *", "{time: \"2026-12-01T00:30:00Z\"}");
+    let stored = api.create(&PostParams::default(), &good).await.unwrap();
+    let recovery = stored.spec.bootstrap.and_then(|bootstrap| bootstrap.recovery).expect("recovery stored");
+    assert_eq!(recovery.target.and_then(|target| target.time).as_deref(), Some("2026-12-01T00:30:00Z"));
+    // The recovery source and target describe how the database was born: immutable (CRD rule).
+    let patch = serde_json::json!({"spec": {"bootstrap": {"recovery": {"target": {"time": "2026-12-01T00:40:00Z"}}}}});
+    let message =
+        rejection_message(api.patch("restored", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
+    assert!(message.contains("spec.bootstrap") && message.contains("immutable"), "{message}");
+}
