@@ -42,6 +42,8 @@ pub enum Command {
     BackupList(crate::backup::config::ListBackupsArgs),
     /// Delete base backups and WAL outside a retention window, nothing a kept backup needs.
     BackupPrune(crate::backup::config::PruneBackupsArgs),
+    /// List a DatabaseService's base backups and recoverable window (reads its spec.backup store).
+    Backups(LedgerArgs),
 }
 
 /// Flags of `instance`.
@@ -212,7 +214,7 @@ pub struct CertsArgs {
     pub ip: Vec<IpAddr>,
 }
 
-/// Flags of `ledger`.
+/// Flags of `ledger` and `backups`.
 #[derive(Debug, Args, Clone)]
 pub struct LedgerArgs {
     /// DatabaseService name.

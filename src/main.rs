@@ -44,6 +44,7 @@ async fn main() {
         Some(Command::BackupPrune(args)) => {
             dbservice_operator::backup::catalog::prune_command(args).await.map_err(Into::into)
         }
+        Some(Command::Backups(args)) => run::backups(args).await,
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

@@ -160,6 +160,13 @@ pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `dbservice-operator backups NAME -n NAMESPACE`.
+pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
+    install_crypto_provider();
+    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
+    Ok(crate::backup::inventory::print_backups(client, &args.namespace, &args.name).await?)
+}
+
 /// `dbservice-operator ledger NAME -n NAMESPACE`.
 pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::api::DatabaseService;

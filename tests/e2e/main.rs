@@ -1,10 +1,13 @@
 //! End-to-end suite: a real kube-apiserver calls the webhooks and a real controller-manager,
 //! scheduler and kwok run the workloads the operator creates. See support/ for the harness.
 
+mod backups;
 mod chart;
 mod controller;
 mod healing;
 mod leader;
+#[path = "../support/object_store.rs"]
+mod object_store;
 mod pipeline;
 mod quiet;
 mod smoke;
