@@ -284,6 +284,17 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
         restore_and_start(&sandbox, "restore-after-retention", &[], &restored_settings).await;
     assert_eq!(used["id"], second["id"]);
     assert_eq!(batches(&latest_client).await, expected(7));
+
+    // A damaged chunk is detected by its recorded SHA-256: the restore fails, naming it.
+    let chunk = format!("{PREFIX}/{SERVER_NAME}/base/{}/data.tar.zst.00000", second["id"].as_str().unwrap());
+    let original = store.client.get_object(&chunk, 1 << 30).await.unwrap().expect("first chunk").body;
+    let mut damaged = original.to_vec();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0xFF;
+    store.client.put_object(&chunk, damaged.into(), &[]).await.unwrap();
+    let target = sandbox.directory("restore-damaged");
+    let error = sandbox.try_run(&["restore", "--pgdata", target.to_str().unwrap()]).unwrap_err();
+    assert!(error.contains(&chunk) && error.contains("differs from the recorded"), "{error}");
     drop(promoted);
 }
 

@@ -174,7 +174,19 @@ fn unpack(client: &S3Client, backup: &BackupManifest, directory: &Path) -> Resul
     let mut archive = tar::Archive::new(decoded);
     archive.set_preserve_permissions(true);
     archive.set_overwrite(false);
-    archive.unpack(directory).map_err(|error| unpack_error(error.to_string()))
+    archive.unpack(directory).map_err(|error| unpack_error(error_chain(&error)))
+}
+
+/// An error with its sources: tar wraps the cause (a damaged chunk, a store failure) in its own.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }
 
 fn write_recovery_configuration(
