@@ -44,6 +44,16 @@ pub enum Command {
     BackupPrune(crate::backup::config::PruneBackupsArgs),
     /// List a DatabaseService's base backups and recoverable window (reads its spec.backup store).
     Backups(LedgerArgs),
+    /// Copy this binary into DIRECTORY (an init container brings it into PostgreSQL pods this
+    /// way: the operator image has no shell to copy with).
+    InstallBinary(InstallBinaryArgs),
+}
+
+/// Flags of `install-binary`.
+#[derive(Debug, Args, Clone)]
+pub struct InstallBinaryArgs {
+    /// Directory to put `dbservice-operator` in.
+    pub directory: PathBuf,
 }
 
 /// Flags of `instance`.
@@ -160,6 +170,10 @@ pub struct RunArgs {
     /// several operator installations share a cluster, e.g. a canary.
     #[arg(long, env = "DBSERVICE_SELECTOR", default_value = "")]
     pub selector: String,
+    /// The operator's own image (the chart sets it): init containers copy the binary from it into
+    /// PostgreSQL pods for WAL archiving. Empty: DatabaseServices with spec.backup do not archive.
+    #[arg(long, env = "DBSERVICE_INSTANCE_IMAGE", default_value = "")]
+    pub instance_image: String,
     /// DatabaseServices reconciled at once. 16: a pass is a few sequential writes waiting on the
     /// apiserver, so with 4 the operator sat idle while 400 of 1000 new DatabaseServices waited for
     /// their first pass (benches/README.md, scale).

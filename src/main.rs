@@ -45,6 +45,7 @@ async fn main() {
             dbservice_operator::backup::catalog::prune_command(args).await.map_err(Into::into)
         }
         Some(Command::Backups(args)) => run::backups(args).await,
+        Some(Command::InstallBinary(args)) => dbservice_operator::backup::pod::install_binary(&args.directory),
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

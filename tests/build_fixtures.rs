@@ -45,6 +45,7 @@ fn steady_inputs(database: &DatabaseService) -> WorkloadInputs {
         replicas: database.spec.replicas_or_default(),
         restarted_at: None,
         claim_template_size: database.spec.storage_size.clone(),
+        instance_image: None,
     }
 }
 
@@ -107,6 +108,7 @@ fn stateful_set_follows_the_inputs_not_the_spec() {
         replicas: 1,
         restarted_at: Some("2026-11-30T10:00:00Z".into()),
         claim_template_size: "20Gi".into(),
+        instance_image: None,
     };
     let built = stateful_set(&database, &inputs);
     assert_eq!(postgres_container(&built).image.as_deref(), Some("postgres:17.1"));
@@ -419,4 +421,55 @@ fn scripts_config_map_holds_the_entrypoint_and_primary_init() {
         let command = postgres_container(&built).command.clone().unwrap_or_default().join(" ");
         assert!(command.contains("/scripts/entrypoint.sh"), "{file}: command {command:?}");
     }
+}
+
+#[test]
+fn a_backup_spec_archives_from_the_pod_when_the_operator_image_is_known() {
+    let database = fixture("backup.yaml");
+    let without_image = stateful_set(&database, &steady_inputs(&database));
+    assert!(pod_spec(&without_image).init_containers.is_none(), "no binary to archive with, so no archiving");
+    let inputs =
+        WorkloadInputs { instance_image: Some("localhost/dbservice-operator:dev".into()), ..steady_inputs(&database) };
+    let built = stateful_set(&database, &inputs);
+    let pod = pod_spec(&built);
+
+    let init = &pod.init_containers.as_ref().expect("an init container")[0];
+    assert_eq!(init.name, "install-dbservice");
+    assert_eq!(init.image.as_deref(), Some("localhost/dbservice-operator:dev"));
+    assert_eq!(
+        init.command.as_deref(),
+        Some(&["/usr/local/bin/dbservice-operator".to_string(), "install-binary".into(), "/dbservice/bin".into()][..])
+    );
+    let volumes = pod.volumes.as_ref().unwrap();
+    let binary_volume = volumes.iter().find(|volume| volume.name == "dbservice-bin").expect("dbservice-bin");
+    assert!(binary_volume.empty_dir.is_some());
+    let ca_volume = volumes.iter().find(|volume| volume.secret.is_some()).expect("the CA Secret volume");
+    assert_eq!(ca_volume.secret.as_ref().unwrap().secret_name.as_deref(), Some("s3-ca"));
+
+    let postgres = &pod.containers[0];
+    let mount = postgres.volume_mounts.as_ref().unwrap().iter().find(|mount| mount.name == "dbservice-bin").unwrap();
+    assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/dbservice/bin", Some(true)));
+    let env: BTreeMap<&str, &k8s_openapi::api::core::v1::EnvVar> =
+        postgres.env.as_ref().unwrap().iter().map(|variable| (variable.name.as_str(), variable)).collect();
+    let value =
+        |name: &str| env.get(name).and_then(|variable| variable.value.as_deref()).unwrap_or_else(|| panic!("{name}"));
+    assert_eq!(value("DBSERVICE_ARCHIVE_COMMAND"), "/dbservice/bin/dbservice-operator wal-archive %p %f");
+    assert_eq!(value("DBSERVICE_ARCHIVE_TIMEOUT_SECONDS"), "60");
+    assert_eq!(value("DBSERVICE_S3_ENDPOINT"), "http://10.85.0.1:9000");
+    assert_eq!(value("DBSERVICE_S3_BUCKET"), "backups");
+    assert_eq!(value("DBSERVICE_S3_PATH"), "prod");
+    assert_eq!(value("DBSERVICE_BACKUP_SERVER_NAME"), "orders");
+    assert_eq!(value("DBSERVICE_S3_CA_FILE"), "/dbservice/s3-ca/ca.crt");
+    for (name, key) in [("AWS_ACCESS_KEY_ID", "id"), ("AWS_SECRET_ACCESS_KEY", "secretAccessKey")] {
+        let variable = env[name];
+        assert!(variable.value.is_none(), "{name} must come from the Secret, never as a value");
+        let reference = variable.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!((reference.name.as_str(), reference.key.as_str()), ("s3-credentials", key));
+    }
+
+    // Without spec.backup the operator's image changes nothing.
+    let (_, plain) = fixtures().into_iter().find(|(_, database)| database.spec.backup.is_none()).unwrap();
+    let with_image =
+        WorkloadInputs { instance_image: Some("localhost/dbservice-operator:dev".into()), ..steady_inputs(&plain) };
+    assert_eq!(stateful_set(&plain, &with_image), stateful_set(&plain, &steady_inputs(&plain)));
 }

@@ -17,6 +17,7 @@ pub mod inventory;
 pub mod keys;
 pub mod lsn;
 pub mod manifest;
+pub mod pod;
 pub mod restore;
 pub mod retention;
 pub mod schedule;

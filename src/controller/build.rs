@@ -44,6 +44,8 @@ pub struct WorkloadInputs {
     pub restarted_at: Option<String>,
     /// Size of the volumeClaimTemplate: the one the StatefulSet was created with (it is immutable).
     pub claim_template_size: String,
+    /// The operator's image, when known: with it, `spec.backup` archives WAL from the pods.
+    pub instance_image: Option<String>,
 }
 
 fn metadata(database: &DatabaseService, name: String) -> ObjectMeta {
@@ -215,7 +217,7 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    StatefulSet {
+    let mut stateful_set = StatefulSet {
         metadata: metadata(database, name.clone()),
         spec: StatefulSetSpec {
             replicas: Some(inputs.replicas),
@@ -271,7 +273,12 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
             ..Default::default()
         },
         ..Default::default()
+    };
+    // Archiving needs our binary in the pod, so it follows spec.backup only when the operator knows its image.
+    if let (Some(image), Some(pod)) = (&inputs.instance_image, stateful_set.spec.template.spec.as_mut()) {
+        crate::backup::pod::add_archiving(pod, database, image);
     }
+    stateful_set
 }
 
 fn service(database: &DatabaseService, name: String, selector: BTreeMap<String, String>, headless: bool) -> Service {

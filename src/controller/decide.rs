@@ -171,6 +171,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         claim_template_size: live_stateful_set
             .and_then(build::claim_template_size)
             .unwrap_or_else(|| database.spec.storage_size.clone()),
+        instance_image: (!settings.instance_image.is_empty()).then(|| settings.instance_image.clone()),
     };
     // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
     let stateful_set_current = observed

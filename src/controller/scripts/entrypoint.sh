@@ -144,6 +144,11 @@ if [ -n "${PG_SOCKET_DIR:-}" ]; then
 	# local clients (psql in primary-init.sh, pg_ctl) find the server through PGHOST
 	export PGHOST="$PG_SOCKET_DIR"
 fi
+# WAL archiving (spec.backup): the operator sets these when the pod has its binary. archive_mode=on
+# archives on the primary only; standbys start archiving when promoted.
+if [ -n "${DBSERVICE_ARCHIVE_COMMAND:-}" ]; then
+	PG_ARGS+=(-c archive_mode=on -c "archive_command=$DBSERVICE_ARCHIVE_COMMAND" -c "archive_timeout=${DBSERVICE_ARCHIVE_TIMEOUT_SECONDS:-300}")
+fi
 
 data_dir_initialized() {
 	[ -s "$PGDATA/PG_VERSION" ]
