@@ -8,8 +8,11 @@
 //! This binary reinstalls the shared chart release in Deployment mode; cargo runs test binaries
 //! one after the other, so it never overlaps the kwok suite (tests/e2e), which uses URL mode.
 
+mod backups;
 mod environment;
 mod node;
+#[path = "../support/object_store.rs"]
+mod object_store;
 mod operator;
 mod postgres;
 #[allow(dead_code)]

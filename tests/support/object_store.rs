@@ -141,17 +141,22 @@ pub struct Store {
 
 impl Store {
     pub async fn start(moto: &Path, log: &Path) -> Store {
-        let port = free_port();
+        Store::start_on(moto, log, "127.0.0.1").await
+    }
+
+    /// moto_server listening on `host` (e.g. the real node's bridge address, for pods).
+    pub async fn start_on(moto: &Path, log: &Path, host: &str) -> Store {
+        let port = TcpListener::bind((host, 0)).unwrap().local_addr().unwrap().port();
         let log = std::fs::File::create(log).unwrap();
         let server = Process(
             Command::new(moto)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .args(["-H", host, "-p", &port.to_string()])
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
                 .spawn()
                 .expect("start moto_server"),
         );
-        let endpoint = format!("http://127.0.0.1:{port}");
+        let endpoint = format!("http://{host}:{port}");
         let client = S3Client::new(StoreSettings {
             endpoint: endpoint.clone(),
             bucket: BUCKET.to_string(),

@@ -1,0 +1,128 @@
+//! WAL archiving from a real PostgreSQL pod to an S3-compatible server on the host (moto_server on
+//! the node's bridge address, the only address pods reach), a base backup taken in the pod with
+//! the binary the init container installed, and a point-in-time recovery from what the pod stored.
+
+use crate::environment::{
+    admin_client, install_chart, psql_in_instance, real_database, real_namespace, real_node_or_skip, wait_running,
+};
+use crate::object_store::{moto_server, pg_bin, run_as, skip_or_fail, Sandbox, Store, BUCKET, PREFIX, SERVER_NAME};
+use crate::support::{eventually, kubectl};
+use dbservice_operator::api::DatabaseService;
+use dbservice_operator::backup::spec::{BackupSpec, CredentialsSecret, ObjectStore};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::Api;
+use std::time::Duration;
+
+/// The host side of the node's pod bridge.
+const BRIDGE_ADDRESS: &str = "10.85.0.1";
+
+#[tokio::test]
+async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
+    let Some(node) = real_node_or_skip("a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host") else {
+        return;
+    };
+    let (Some(moto), Some(bin)) = (moto_server(), pg_bin()) else {
+        return skip_or_fail("no moto_server or PostgreSQL binaries on the host");
+    };
+    install_chart(node);
+    let client = admin_client().await;
+    let namespace = real_namespace(&client, "backups").await;
+    let work = tempfile::Builder::new().prefix("dbservice-real-backup-").tempdir_in("/tmp").unwrap();
+    let owner = run_as();
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(work.path(), Some(uid), Some(gid)).unwrap();
+    }
+    let store = Store::start_on(&moto, &work.path().join("moto.log"), BRIDGE_ADDRESS).await;
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("s3".into());
+    secret.string_data = Some(
+        [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect(),
+    );
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let mut database = real_database(node, "pg", 1, "Delete");
+    database.spec.backup = Some(BackupSpec {
+        object_store: ObjectStore {
+            endpoint: store.endpoint.clone(),
+            bucket: BUCKET.into(),
+            path: Some(PREFIX.into()),
+            server_name: Some(SERVER_NAME.into()),
+            credentials_secret: CredentialsSecret { name: "s3".into(), ..Default::default() },
+            ..Default::default()
+        },
+        archive_timeout_seconds: Some(10),
+        ..Default::default()
+    });
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+    databases.create(&PostParams::default(), &database).await.unwrap();
+    wait_running(&client, &namespace.name, "pg", 1, Duration::from_secs(240)).await;
+    let sql = |statement: &str| psql_in_instance(&namespace.name, "pg-0", statement).trim().to_string();
+    assert_eq!(sql("show archive_mode"), "on");
+
+    sql("create table rows (batch int not null, written_at timestamptz not null default clock_timestamp()); \
+         insert into rows (batch) select 0 from generate_series(1, 10)");
+    // A base backup in the pod, by the binary the install-dbservice init container put there.
+    let manifest = kubectl(&[
+        "-n",
+        &namespace.name,
+        "exec",
+        "pg-0",
+        "-c",
+        "postgres",
+        "--",
+        "/dbservice/bin/dbservice-operator",
+        "backup",
+        "--host=/var/run/postgresql",
+        "--user=app_user",
+        "--pg-bin-dir=/usr/lib/postgresql/15/bin",
+        "--wal-wait-seconds=120",
+    ]);
+    let manifest: serde_json::Value = serde_json::from_str(manifest.trim()).expect("backup prints its manifest");
+    assert_eq!(manifest["timeline"], 1);
+    assert_eq!(manifest["postgresMajorVersion"], 15);
+
+    sql("insert into rows (batch) select 1 from generate_series(1, 11)");
+    let target_time = sql("select to_json(clock_timestamp())#>>'{}'");
+    sql("insert into rows (batch) select 2 from generate_series(1, 12)");
+    let segment = sql("select pg_walfile_name(pg_switch_wal())");
+    let key = format!("{PREFIX}/{SERVER_NAME}/wal/{}/{segment}.zst", &segment[..8]);
+    eventually(&format!("{segment} archived from the pod"), Duration::from_secs(120), || async {
+        store.client.head_object(&key).await.ok().flatten().map(|_| ())
+    })
+    .await;
+    assert_eq!(sql("select failed_count from pg_stat_archiver"), "0");
+
+    // Recovery on the host, from what the pod stored, to the time between batches 1 and 2.
+    let sandbox = Sandbox { bin, base: work.path().to_path_buf(), owner, endpoint: store.endpoint.clone() };
+    let pgdata = sandbox.directory("recovered");
+    sandbox.run(&["restore", "--pgdata", pgdata.to_str().unwrap(), &format!("--target-time={target_time}")]);
+    let socket_directory = format!("unix_socket_directories={}", work.path().display());
+    let restored =
+        sandbox.start(&pgdata, &["archive_mode=off", "listen_addresses=127.0.0.1", socket_directory.as_str()]);
+    let rows = eventually("the recovered server to promote", Duration::from_secs(120), || async {
+        let (connection_client, connection) = tokio_postgres::connect(
+            &format!("host=127.0.0.1 port={} user=app_user dbname=app", restored.port),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .ok()?;
+        tokio::spawn(connection);
+        let promoted: bool =
+            !connection_client.query_one("select pg_is_in_recovery()", &[]).await.ok()?.get::<_, bool>(0);
+        if !promoted {
+            return None;
+        }
+        let rows = connection_client
+            .query("select batch, count(*) from rows group by batch order by batch", &[])
+            .await
+            .ok()?;
+        Some(rows.iter().map(|row| (row.get::<_, i32>(0), row.get::<_, i64>(1))).collect::<Vec<_>>())
+    })
+    .await;
+    assert_eq!(rows, vec![(0, 10), (1, 11)], "recovery to {target_time}; server log:\n{}", restored.log_tail());
+}
