@@ -104,25 +104,35 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
     let socket_directory = format!("unix_socket_directories={}", work.path().display());
     let restored =
         sandbox.start(&pgdata, &["archive_mode=off", "listen_addresses=127.0.0.1", socket_directory.as_str()]);
-    let rows = eventually("the recovered server to promote", Duration::from_secs(120), || async {
+    // Over the socket: the pod's pg_hba.conf trusts local connections only.
+    let query_rows = async || -> Option<Vec<(i32, i64)>> {
         let (connection_client, connection) = tokio_postgres::connect(
-            &format!("host=127.0.0.1 port={} user=app_user dbname=app", restored.port),
+            &format!("host={} port={} user=app_user dbname=app", work.path().display(), restored.port),
             tokio_postgres::NoTls,
         )
         .await
         .ok()?;
         tokio::spawn(connection);
-        let promoted: bool =
-            !connection_client.query_one("select pg_is_in_recovery()", &[]).await.ok()?.get::<_, bool>(0);
-        if !promoted {
+        if connection_client.query_one("select pg_is_in_recovery()", &[]).await.ok()?.get::<_, bool>(0) {
             return None;
         }
         let rows = connection_client
             .query("select batch, count(*) from rows group by batch order by batch", &[])
             .await
             .ok()?;
-        Some(rows.iter().map(|row| (row.get::<_, i32>(0), row.get::<_, i64>(1))).collect::<Vec<_>>())
-    })
-    .await;
+        Some(rows.iter().map(|row| (row.get::<_, i32>(0), row.get::<_, i64>(1))).collect())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let rows = loop {
+        if let Some(rows) = query_rows().await {
+            break rows;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the recovered server did not promote within 120 s; log:\n{}",
+            restored.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     assert_eq!(rows, vec![(0, 10), (1, 11)], "recovery to {target_time}; server log:\n{}", restored.log_tail());
 }
