@@ -48,7 +48,7 @@ echo "== database (pgbench scale $scale)"
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pgdata" -U postgres --auth=trust --no-sync >/dev/null
 # WAL of the initial load is discarded (archive_command = true); our archiver is switched on after.
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
-  -c unix_socket_directories=$work -c max_wal_size=4GB -c archive_mode=on -c archive_command=true" start >/dev/null
+  -c unix_socket_directories=$work -c max_wal_size=1GB -c archive_mode=on -c archive_command=true" start >/dev/null
 "${as_pg[@]}" "$pg_bin/pgbench" -h 127.0.0.1 -p "$port" -U postgres -i -q -s "$scale" postgres >/dev/null 2>&1
 "${as_pg[@]}" "$pg_bin/psql" -q -h 127.0.0.1 -p "$port" -U postgres -c "create extension if not exists pgcrypto" \
   -c "create table noise as select gen_random_bytes(1000) as bytes from generate_series(1, ${NOISE_MIB:-512} * 1024)" >/dev/null
@@ -61,7 +61,7 @@ export DBSERVICE_S3_ENDPOINT="http://127.0.0.1:$moto_port" DBSERVICE_S3_BUCKET=b
 "${as_pg[@]}" env DBSERVICE_S3_ENDPOINT="$DBSERVICE_S3_ENDPOINT" DBSERVICE_S3_BUCKET=bench DBSERVICE_S3_PATH=bench \
   DBSERVICE_BACKUP_SERVER_NAME=pgbench AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s \
   "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w -o "-p $port -c listen_addresses=127.0.0.1 \
-  -c unix_socket_directories=$work -c max_wal_size=4GB -c archive_mode=on" start >/dev/null
+  -c unix_socket_directories=$work -c max_wal_size=1GB -c archive_mode=on" start >/dev/null
 size=$(du -sb "$work/pgdata" | cut -f1)
 echo "data directory: $((size / 1048576)) MiB"
 
