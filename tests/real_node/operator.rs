@@ -33,16 +33,11 @@ async fn chart_installs_the_image_and_its_webhooks_answer_through_the_service() 
         (pods.len() == 2).then_some(pods)
     })
     .await;
-    let images = kubectl(&[
-        "-n",
-        RELEASE_NAMESPACE,
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=dbservice-operator",
-        "-o",
-        "jsonpath={.items[*].spec.containers[0].image}",
-    ]);
+    // Only the pods found above: a terminating pod of an earlier release may still run another image.
+    let mut arguments = vec!["-n", RELEASE_NAMESPACE, "get", "pods"];
+    arguments.extend(pods.iter().map(String::as_str));
+    arguments.extend(["-o", "jsonpath={.items[*].spec.containers[0].image}"]);
+    let images = kubectl(&arguments);
     assert!(images.split_whitespace().all(|image| image == node.operator_image), "pods run {images}");
     let holder = eventually("a Lease holder", Duration::from_secs(60), || async {
         let holder = lease_holder();
