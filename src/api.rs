@@ -76,7 +76,9 @@ pub struct DatabaseServiceSpec {
     pub failover: Option<FailoverSpec>,
 }
 
-/// Failover, switchover and fencing settings (spec.failover). Validated by the webhook.
+/// Failover and switchover settings (spec.failover), validated by the webhook. A switchover is
+/// asked for with the annotation `dbservice.dev/switchover-to: <instance>` on the DatabaseService,
+/// fencing by hand with `dbservice.dev/fenced-instances: <instance>[,<instance>...]`.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverSpec {
@@ -90,11 +92,6 @@ pub struct FailoverSpec {
     /// Seconds a switchover may take before it is abandoned (default 30, from 5 to 3600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switchover_timeout_seconds: Option<u32>,
-    /// Planned switchover: the instance (pod name) to promote. Same as the annotation
-    /// dbservice.dev/switchover-to; ignored once it is the primary.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub switchover_to: Option<String>,
 }
 
 /// Fate of the data volumes and the credentials Secret on deletion.

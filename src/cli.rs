@@ -55,6 +55,8 @@ pub struct InstanceArgs {
 }
 
 /// Subcommands of `instance`.
+// Parsed once at start-up: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand, Clone)]
 pub enum InstanceCommand {
     /// Print the local PostgreSQL's role, timeline and WAL positions as one JSON line.
@@ -216,6 +218,10 @@ pub struct RunArgs {
     /// several operator installations share a cluster, e.g. a canary.
     #[arg(long, env = "DBSERVICE_SELECTOR", default_value = "")]
     pub selector: String,
+    /// Image the init container of each PostgreSQL pod copies the instance agent from (the
+    /// operator's own image; the chart sets it). Empty: no agent, the primary is fixed to pod 0.
+    #[arg(long, env = "DBSERVICE_INSTANCE_IMAGE", default_value = "")]
+    pub instance_image: String,
     /// DatabaseServices reconciled at once. 16: a pass is a few sequential writes waiting on the
     /// apiserver, so with 4 the operator sat idle while 400 of 1000 new DatabaseServices waited for
     /// their first pass (benches/README.md, scale).

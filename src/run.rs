@@ -127,6 +127,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             concurrency: args.concurrency,
             watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
             selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
+            instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
         },
     });
     let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));

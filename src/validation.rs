@@ -216,7 +216,7 @@ pub fn validate(
         validate_storage_class(storage_class, &mut outcome.errors);
     }
     if let Some(failover) = &spec.failover {
-        validate_failover(object.metadata.name.as_deref().unwrap_or_default(), spec, failover, &mut outcome.errors);
+        validate_failover(failover, &mut outcome.errors);
     }
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
@@ -232,7 +232,7 @@ pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
 /// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
 pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
 
-fn validate_failover(name: &str, spec: &DatabaseServiceSpec, failover: &FailoverSpec, errors: &mut Vec<FieldError>) {
+fn validate_failover(failover: &FailoverSpec, errors: &mut Vec<FieldError>) {
     if let Some(delay) = failover.delay_seconds.filter(|delay| *delay > MAX_FAILOVER_SECONDS) {
         errors.push(FieldError::invalid(
             "spec.failover.delaySeconds",
@@ -256,16 +256,6 @@ fn validate_failover(name: &str, spec: &DatabaseServiceSpec, failover: &Failover
             timeout,
             format!("must be between {MIN_SWITCHOVER_TIMEOUT_SECONDS} and {MAX_FAILOVER_SECONDS}"),
         ));
-    }
-    if let Some(target) = failover.switchover_to.as_deref().filter(|_| !name.is_empty()) {
-        let instances = (0..spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect::<Vec<_>>();
-        if !instances.iter().any(|instance| instance == target) {
-            errors.push(FieldError::invalid(
-                "spec.failover.switchoverTo",
-                shown(target),
-                format!("must name one of the instances: {}", instances.join(", ")),
-            ));
-        }
     }
 }
 

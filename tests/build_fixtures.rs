@@ -45,6 +45,7 @@ fn steady_inputs(database: &DatabaseService) -> WorkloadInputs {
         replicas: database.spec.replicas_or_default(),
         restarted_at: None,
         claim_template_size: database.spec.storage_size.clone(),
+        instance_image: None,
     }
 }
 
@@ -107,6 +108,7 @@ fn stateful_set_follows_the_inputs_not_the_spec() {
         replicas: 1,
         restarted_at: Some("2026-11-30T10:00:00Z".into()),
         claim_template_size: "20Gi".into(),
+        instance_image: None,
     };
     let built = stateful_set(&database, &inputs);
     assert_eq!(postgres_container(&built).image.as_deref(), Some("postgres:17.1"));
@@ -310,7 +312,9 @@ fn services_select_the_primary_the_standbys_and_every_pod() {
         let instance = ("app.kubernetes.io/instance".to_string(), name.to_string());
 
         let primary = selector(name);
-        assert_eq!(primary.get("statefulset.kubernetes.io/pod-name"), Some(&format!("{name}-0")), "{file}");
+        // The operator labels exactly one pod primary (the failover status decides which).
+        assert_eq!(primary.get("dbservice.dev/role").map(String::as_str), Some("primary"), "{file}");
+        assert!(!primary.contains_key("statefulset.kubernetes.io/pod-name"), "{file}: {primary:?}");
         assert!(primary.get(&instance.0) == Some(&instance.1), "{file}: primary selector {primary:?}");
 
         let standbys = selector(&format!("{name}-replicas"));
@@ -419,4 +423,38 @@ fn scripts_config_map_holds_the_entrypoint_and_primary_init() {
         let command = postgres_container(&built).command.clone().unwrap_or_default().join(" ");
         assert!(command.contains("/scripts/entrypoint.sh"), "{file}: command {command:?}");
     }
+}
+
+/// With the instance image, the agent runs the pod: the init container copies it into the shared
+/// emptyDir, the postgres container finds it there, and the pod runs as the agents' account.
+#[test]
+fn the_instance_agent_comes_from_an_init_container() {
+    let database = fixture("replicated.yaml");
+    let name = name_of(&database);
+    let inputs = WorkloadInputs { instance_image: Some("operator:1".into()), ..steady_inputs(&database) };
+    let built = stateful_set(&database, &inputs);
+    let pod = built.spec.template.spec.clone().unwrap();
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.name, "install-dbservice");
+    assert_eq!(init.image.as_deref(), Some("operator:1"));
+    assert_eq!(init.command.as_ref().unwrap()[1..], ["install-binary".to_string(), "/dbservice/bin".to_string()]);
+    assert_eq!(init.volume_mounts.as_ref().unwrap()[0].name, "dbservice-bin");
+    let volume = pod.volumes.as_ref().unwrap().iter().find(|volume| volume.name == "dbservice-bin").unwrap();
+    assert!(volume.empty_dir.is_some());
+    let postgres = postgres_container(&built);
+    let mount = postgres.volume_mounts.as_ref().unwrap().iter().find(|mount| mount.name == "dbservice-bin").unwrap();
+    assert_eq!(mount.mount_path, "/dbservice/bin");
+    let env: BTreeMap<String, Option<String>> =
+        postgres.env.clone().unwrap().into_iter().map(|variable| (variable.name, variable.value)).collect();
+    assert_eq!(env["DBSERVICE_AGENT"].as_deref(), Some("/dbservice/bin/dbservice-operator"));
+    assert_eq!(env["DBSERVICE_DATABASE"].as_deref(), Some(name));
+    assert!(!env.contains_key("PRIMARY_HOST"), "the role comes from the Lease, never the ordinal");
+    assert!(postgres.liveness_probe.is_none(), "the agent supervises PostgreSQL");
+    assert_eq!(pod.service_account_name, Some(format!("{name}-instance")));
+    assert_eq!(pod.automount_service_account_token, Some(true));
+
+    let without = stateful_set(&database, &steady_inputs(&database));
+    let pod = without.spec.template.spec.clone().unwrap();
+    assert!(pod.init_containers.is_none() && pod.service_account_name.is_none());
+    assert_eq!(pod.automount_service_account_token, Some(false));
 }

@@ -87,7 +87,13 @@ fn stateful_set(
     replicas: i32,
     restarted_at: Option<String>,
 ) -> Arc<Compact<StatefulSet>> {
-    let inputs = WorkloadInputs { image: image.into(), replicas, restarted_at, claim_template_size: "1Gi".into() };
+    let inputs = WorkloadInputs {
+        image: image.into(),
+        replicas,
+        restarted_at,
+        claim_template_size: "1Gi".into(),
+        instance_image: None,
+    };
     let mut stateful_set = build::stateful_set(database, &inputs);
     stateful_set.metadata.generation = Some(1);
     stateful_set.status = Some(

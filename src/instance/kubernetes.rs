@@ -52,11 +52,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         .as_ref()
         .filter(|current| settled && current.as_str() != me)
         .map(|current| Upstream { host: format!("{current}.{domain}"), port });
-    Desired {
-        target_primary: status.target_primary.clone(),
-        upstream,
-        fenced: fenced.iter().any(|name| name == me),
-    }
+    Desired { target_primary: status.target_primary.clone(), upstream, fenced: fenced.iter().any(|name| name == me) }
 }
 
 /// The Lease as a [`LeaseRecord`].
@@ -68,7 +64,8 @@ pub fn lease_record(lease: &Lease) -> LeaseRecord {
         .and_then(|annotations| annotations.get(LEASE_RECORD_ANNOTATION))
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
-    record.holder = lease.spec.as_ref().and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
+    record.holder =
+        lease.spec.as_ref().and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
     record
 }
 
@@ -141,7 +138,8 @@ impl KubeControlPlane {
     }
 
     async fn lease(&self) -> Result<Lease, ControlPlaneError> {
-        let lease = self.bounded("read the primary lease", self.leases.get(&primary_lease_name(&self.database))).await?;
+        let lease =
+            self.bounded("read the primary lease", self.leases.get(&primary_lease_name(&self.database))).await?;
         *self.last_lease.lock().expect("lease cache lock") = Some(lease.clone());
         Ok(lease)
     }
@@ -184,7 +182,9 @@ impl ControlPlane for KubeControlPlane {
             Ok(Ok(written)) => Ok(Some(written.metadata.resource_version.unwrap_or_default())),
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => Ok(None),
             Ok(Err(error)) => Err(ControlPlaneError(format!("write the primary lease: {error}"))),
-            Err(_) => Err(ControlPlaneError(format!("write the primary lease: timed out after {:?}", self.call_timeout))),
+            Err(_) => {
+                Err(ControlPlaneError(format!("write the primary lease: timed out after {:?}", self.call_timeout)))
+            }
         }
     }
 }
