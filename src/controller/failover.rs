@@ -3,8 +3,8 @@
 //! events and ledger entries of every failover and switchover. The rules are
 //! [`crate::failover::decide`]'s; this module maps the controller's observations onto it.
 //!
-//! Without any agent report (pods that run nothing, as under kwok, or before the first agent
-//! started) the primary stays the bootstrap one, `<name>-0`, as before failover existed.
+//! Until the bootstrap primary `<name>-0` has once been healthy (pods that run nothing, as under
+//! kwok, or a database still starting) it stays the primary, as before failover existed.
 
 use super::health::PodHealth;
 use super::journal::Journal;
@@ -68,19 +68,29 @@ fn observations(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodHeal
         .collect()
 }
 
-/// Whether the agents run: a report was ever seen (the timeline is set from the first one).
-fn agents_run(status: &FailoverStatus, instances: &[InstanceObservation]) -> bool {
-    status.timeline.is_some() || instances.iter().any(|instance| instance.report.is_some())
+/// Whether failover is engaged: the bootstrap primary was once seen healthy (its pod Ready, its
+/// agent reporting a primary that answers), which sets the timeline. Before that, a primary that is
+/// still starting is not a failed one.
+fn engaged(status: &FailoverStatus) -> bool {
+    status.timeline.is_some()
+}
+
+/// The timeline of `primary` if it is healthy: pod Ready, its agent reports a primary that answers.
+fn healthy_primary_timeline(instances: &[InstanceObservation], primary: Option<&String>) -> Option<u32> {
+    let instance = instances.iter().find(|instance| Some(&instance.name) == primary)?;
+    let report = instance.report.as_ref()?;
+    (instance.pod == PodState::Ready && report.role == Role::Primary && report.postgres_ready && report.timeline > 0)
+        .then_some(report.timeline)
 }
 
 /// Whether this pass needs the primary Lease (a GET): only while something is changing or
 /// wrong, never in a steady pass.
 pub fn needs_lease(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodHealth]) -> bool {
     let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
-    let instances = observations(database, pods, health);
-    if !agents_run(&status, &instances) {
+    if !engaged(&status) {
         return false;
     }
+    let instances = observations(database, pods, health);
     let current = status.current_primary.as_deref();
     let primary_healthy = instances.iter().any(|instance| {
         Some(instance.name.as_str()) == current
@@ -147,9 +157,13 @@ pub fn decide_failover(
     }
     let instances = observations(database, pods, health);
     let request = switchover_request(database);
-    if !agents_run(&current, &instances) {
+    if !engaged(&current) {
+        // Bootstrap (or pods without agents): the first instance is the primary; failover engages
+        // once it has been healthy.
+        current.timeline = healthy_primary_timeline(&instances, current.current_primary.as_ref());
+        let reported = instances.iter().any(|instance| instance.report.is_some());
+        status.instances = if reported { instance_statuses(&instances, lease) } else { Vec::new() };
         status.failover = current.clone();
-        status.instances = Vec::new();
         return FailoverOutcome {
             primary: current.current_primary,
             clear_switchover_request: false,
@@ -264,14 +278,6 @@ pub fn decide_failover(
     }
     if request.is_some() && request == next.current_primary && next.target_primary == next.current_primary {
         outcome.clear_switchover_request = true;
-    }
-    if next.timeline.is_none() {
-        // The bootstrap primary's first report starts the timeline history.
-        let primary = instances.iter().find(|instance| Some(&instance.name) == next.current_primary.as_ref());
-        next.timeline = primary
-            .and_then(|primary| primary.report.as_ref())
-            .filter(|report| report.role == Role::Primary && report.timeline > 0)
-            .map(|report| report.timeline);
     }
     let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
     outcome.primary = next.current_primary.clone().filter(|_| settled);
