@@ -1,6 +1,6 @@
 //! Build (pure): what the instance agents of one database may do in the API, and the primary Lease
-//! they contend for. Least privilege: read the DatabaseService, publish reports on the instances'
-//! own pods, read and replace the one Lease; nothing else, nothing listed or watched.
+//! they contend for. Least privilege: read and watch their one DatabaseService, publish reports on
+//! the instances' own pods, read and replace the one Lease; nothing else.
 
 use super::names::{labels, owner_reference, ChildNames};
 use crate::api::{DatabaseService, GROUP, MAX_REPLICAS};
@@ -59,8 +59,9 @@ pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
         role: Role {
             metadata: metadata(database, account.clone()),
             rules: Some(vec![
-                // The operator's wishes: status.currentPrimary/targetPrimary, the fencing annotation.
-                rule(GROUP, "databaseservices", vec![name.clone()], &["get"]),
+                // The operator's wishes: status.currentPrimary/targetPrimary, the fencing annotation,
+                // watched (list and watch with a metadata.name field selector: this object only).
+                rule(GROUP, "databaseservices", vec![name.clone()], &["get", "list", "watch"]),
                 // The report annotation on the instance's own pod (patch; get for kubectl-like reads).
                 rule("", "pods", pods, &["get", "patch"]),
                 // The primary Lease: compare-and-swap with update (resourceVersion).
@@ -98,7 +99,10 @@ mod tests {
         let rules = access.role.rules.unwrap();
         assert_eq!(rules.len(), 3);
         for rule in &rules {
-            assert!(!rule.verbs.iter().any(|verb| ["list", "watch", "create", "delete", "*"].contains(&verb.as_str())));
+            assert!(!rule
+                .verbs
+                .iter()
+                .any(|verb| ["create", "delete", "deletecollection", "*"].contains(&verb.as_str())));
             assert!(rule.resource_names.as_ref().is_some_and(|names| !names.is_empty()));
         }
         assert_eq!(rules[1].resource_names.as_ref().unwrap().len(), MAX_REPLICAS as usize);

@@ -175,7 +175,7 @@ pub fn decide_failover(
         failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to: request.clone() };
     let settings = database.spec.failover_settings();
     let decision = failover::decide(&current, &observed, &settings, now);
-    let mut next = decision.status;
+    let next = decision.status;
     let mut outcome = FailoverOutcome::default();
     let was_failing = current.primary_failing_since.is_some();
     match decision.action {

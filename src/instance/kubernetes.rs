@@ -1,5 +1,7 @@
 //! The agent's [`ControlPlane`] in Kubernetes: the operator's wishes come from the DatabaseService
-//! status (`currentPrimary`, `targetPrimary`) and its fencing annotation, the report goes into the
+//! status (`currentPrimary`, `targetPrimary`) and its fencing annotation, read from a watch of that
+//! one object (no periodic GET: a steady database costs the API nothing but lease renewals), the
+//! report goes into the
 //! pod annotation [`INSTANCE_REPORT_ANNOTATION`] (written only on change, by the agent), and the
 //! primary Lease `<name>-primary` is replaced with compare-and-swap on its resourceVersion.
 //!
@@ -10,14 +12,18 @@ use super::{ControlPlane, ControlPlaneError, Desired, Upstream};
 use crate::api::DatabaseService;
 use crate::failover::lease::LeaseRecord;
 use crate::failover::{FailoverStatus, InstanceReport, INSTANCE_REPORT_ANNOTATION};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use serde_json::json;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// DatabaseService annotation listing instances a person fenced: `name-0,name-2`.
 pub const FENCED_ANNOTATION: &str = "dbservice.dev/fenced-instances";
@@ -86,9 +92,35 @@ pub fn with_record(mut lease: Lease, record: &LeaseRecord, duration: Duration) -
     lease
 }
 
+/// Watches the one DatabaseService `name` (a metadata.name field selector, which RBAC
+/// resourceNames allow) and keeps its latest version in the returned channel.
+pub fn watch_database(api: Api<DatabaseService>, name: &str) -> watch::Receiver<Option<Arc<DatabaseService>>> {
+    let (sender, receiver) = watch::channel(None);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = watcher(api, config).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(database) | watcher::Event::InitApply(database)) => {
+                    sender.send_replace(Some(Arc::new(database)));
+                }
+                Ok(watcher::Event::Delete(_)) => {
+                    sender.send_replace(None);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "watching the DatabaseService"),
+            }
+            if sender.is_closed() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
 /// [`ControlPlane`] over the Kubernetes API.
 pub struct KubeControlPlane {
-    databases: Api<DatabaseService>,
+    database_watch: watch::Receiver<Option<Arc<DatabaseService>>>,
     pods: Api<Pod>,
     leases: Api<Lease>,
     database: String,
@@ -102,9 +134,13 @@ pub struct KubeControlPlane {
 }
 
 impl KubeControlPlane {
-    /// The control plane of instance `pod` of database `database` in `namespace`.
+    /// The control plane of instance `pod` of database `database` in `namespace`. `watch_client`
+    /// serves the long-running watch (its read timeout must exceed the watch's own, 290 s);
+    /// `client` every other call, each bounded by `call_timeout`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
+        watch_client: Client,
         namespace: &str,
         database: &str,
         pod: &str,
@@ -113,7 +149,7 @@ impl KubeControlPlane {
         call_timeout: Duration,
     ) -> Self {
         KubeControlPlane {
-            databases: Api::namespaced(client.clone(), namespace),
+            database_watch: watch_database(Api::namespaced(watch_client, namespace), database),
             pods: Api::namespaced(client.clone(), namespace),
             leases: Api::namespaced(client, namespace),
             database: database.into(),
@@ -147,7 +183,9 @@ impl KubeControlPlane {
 
 impl ControlPlane for KubeControlPlane {
     async fn desired(&self) -> Result<Desired, ControlPlaneError> {
-        let database = self.bounded("read the DatabaseService", self.databases.get(&self.database)).await?;
+        let database = self.database_watch.borrow().clone();
+        let database =
+            database.ok_or_else(|| ControlPlaneError(format!("DatabaseService {} not seen yet", self.database)))?;
         let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
         Ok(desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port))
     }

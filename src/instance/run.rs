@@ -102,9 +102,12 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
     kube_config.connect_timeout = Some(CALL_TIMEOUT);
     kube_config.read_timeout = Some(CALL_TIMEOUT);
     kube_config.write_timeout = Some(CALL_TIMEOUT);
-    let client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
+    let client = kube::Client::try_from(kube_config.clone()).context("Kubernetes client")?;
+    kube_config.read_timeout = Some(crate::client::READ_TIMEOUT);
+    let watch_client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
     let control_plane = KubeControlPlane::new(
         client,
+        watch_client,
         &args.namespace,
         &args.database,
         &args.pod,
