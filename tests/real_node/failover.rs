@@ -57,8 +57,14 @@ struct Attempt {
     acknowledged: bool,
 }
 
+/// The writer's log so far (empty while its container starts).
 fn writer_log(namespace: &str) -> Vec<Attempt> {
-    kubectl(&["-n", namespace, "logs", WRITER])
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "logs", WRITER])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
