@@ -253,9 +253,30 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
     let primary = wait_settled(&client, ns).await;
     let since = last_id(ns);
     let failed_at = epoch_now();
+    let postmaster = |pod: &str| {
+        let output = std::process::Command::new(crate::support::tool("kubectl"))
+            .args(["-n", ns, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c"])
+            .arg(r#"head -n 1 "$PGDATA/postmaster.pid""#)
+            .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    let killed = postmaster(&primary);
+    assert!(!killed.is_empty(), "the primary's postmaster runs");
     exec_in(ns, &primary, r#"kill -KILL "$(head -n 1 "$PGDATA/postmaster.pid")""#);
-    wait_settled(&client, ns).await;
-    figures(&client, node, ns, "PostgreSQL killed in the primary", failed_at, since).await;
+    let after = wait_settled(&client, ns).await;
+    let (rto, _) = figures(&client, node, ns, "PostgreSQL killed in the primary", failed_at, since).await;
+    let replaced = eventually("a new postmaster on the killed instance", SETTLE_TIMEOUT, || async {
+        let now = postmaster(&primary);
+        (!now.is_empty() && now != killed).then_some(now)
+    })
+    .await;
+    eprintln!(
+        "[figure] PostgreSQL killed in the primary: postmaster {killed} replaced by {replaced}; primary now {after} \
+         ({}), RTO {rto:.2} s",
+        if after == primary { "restarted in place by its agent" } else { "failed over" }
+    );
 
     // 4. PostgreSQL hangs (SIGSTOP): the agent fences it and the standby takes over.
     let primary = wait_settled(&client, ns).await;
