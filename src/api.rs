@@ -35,6 +35,7 @@ pub const MAX_REPLICAS: i32 = 5;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -76,6 +77,27 @@ pub struct DatabaseServiceSpec {
     /// How a new database gets its first data: empty (default) or recovered from backups. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<crate::backup::spec::BootstrapSpec>,
+    /// Failover, switchover and fencing settings (all optional, with safe defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverSpec>,
+}
+
+/// Failover and switchover settings (spec.failover), validated by the webhook. A switchover is
+/// asked for with the annotation `dbservice.dev/switchover-to: <instance>` on the DatabaseService,
+/// fencing by hand with `dbservice.dev/fenced-instances: <instance>[,<instance>...]`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverSpec {
+    /// Seconds the primary must stay unhealthy before a failover starts (default 0, at most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<u32>,
+    /// A standby further behind than this many bytes of WAL is never promoted by a failover
+    /// (default 16777216 = 16 MiB; at least 0, at most 1 TiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_lag_bytes: Option<u64>,
+    /// Seconds a switchover may take before it is abandoned (default 30, from 5 to 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover_timeout_seconds: Option<u32>,
 }
 
 /// Fate of the data volumes and the credentials Secret on deletion.
@@ -101,6 +123,13 @@ impl std::fmt::Display for DeletionPolicy {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseServiceStatus {
+    /// Failover state: currentPrimary, targetPrimary, timeline, the transition in progress.
+    #[serde(flatten)]
+    pub failover: crate::failover::FailoverStatus,
+    /// The instances with their roles and lag (from their agents' reports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub instances: Vec<crate::failover::InstanceStatus>,
     /// Summary: Provisioning, Running, Updating, Degraded, RollingBack, Failed or Deleting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
@@ -191,6 +220,21 @@ impl std::fmt::Display for Phase {
 }
 
 impl DatabaseServiceSpec {
+    /// The failover settings, with the defaults for what is not set.
+    pub fn failover_settings(&self) -> crate::failover::FailoverSettings {
+        let defaults = crate::failover::FailoverSettings::default();
+        let Some(spec) = &self.failover else { return defaults };
+        let seconds = |value: Option<u32>, default: std::time::Duration| {
+            value.map_or(default, |value| std::time::Duration::from_secs(value.into()))
+        };
+        crate::failover::FailoverSettings {
+            failover_delay: seconds(spec.delay_seconds, defaults.failover_delay),
+            maximum_lag_bytes: spec.maximum_lag_bytes.unwrap_or(defaults.maximum_lag_bytes),
+            switchover_timeout: seconds(spec.switchover_timeout_seconds, defaults.switchover_timeout),
+            ..defaults
+        }
+    }
+
     /// Replicas with the default applied.
     pub fn replicas_or_default(&self) -> i32 {
         self.replicas.unwrap_or(DEFAULT_REPLICAS)

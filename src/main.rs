@@ -27,7 +27,11 @@ async fn main() {
             Ok(())
         }
         Some(Command::Certs(args)) => run::certs(args),
-        Some(Command::Instance(args)) => dbservice_operator::instance::command(args).await,
+        Some(Command::Instance(args)) => {
+            telemetry::init(LogFormat::Text);
+            dbservice_operator::instance::command(args).await
+        }
+        Some(Command::InstallBinary(args)) => dbservice_operator::instance::run::install_binary(&args),
         Some(Command::WalArchive(args)) => {
             dbservice_operator::backup::wal::archive_command(args).await.map_err(Into::into)
         }
@@ -45,7 +49,6 @@ async fn main() {
             dbservice_operator::backup::catalog::prune_command(args).await.map_err(Into::into)
         }
         Some(Command::Backups(args)) => run::backups(args).await,
-        Some(Command::InstallBinary(args)) => dbservice_operator::backup::pod::install_binary(&args.directory),
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

@@ -125,9 +125,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             restart_backoff_cap: Duration::from_secs(args.restart_backoff_cap_seconds),
             restore_probe: Duration::from_secs(args.restore_probe_seconds),
             concurrency: args.concurrency,
-            instance_image: args.instance_image.clone(),
             watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
             selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
+            instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
         },
     });
     let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));

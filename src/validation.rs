@@ -3,7 +3,7 @@
 //! Every violation is reported at once with its field path, in the style of Kubernetes field
 //! errors (`spec.version: Invalid value: "latest": must match ...`).
 
-use crate::api::{DatabaseService, DatabaseServiceSpec, MAX_REPLICAS, MIN_REPLICAS};
+use crate::api::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
 use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
 use chrono::NaiveDate;
 use std::fmt;
@@ -217,11 +217,48 @@ pub fn validate(
     }
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::backup::validation::validate_backup_spec(name, spec, &mut outcome.errors);
+    if let Some(failover) = &spec.failover {
+        validate_failover(failover, &mut outcome.errors);
+    }
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
     }
     outcome.warnings = warnings(spec, settings);
     outcome
+}
+
+/// Longest failover delay and switchover timeout, in seconds.
+pub const MAX_FAILOVER_SECONDS: u32 = 3600;
+/// Shortest switchover timeout, in seconds: a clean stop and a promotion take a few seconds.
+pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
+/// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
+pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
+
+fn validate_failover(failover: &FailoverSpec, errors: &mut Vec<FieldError>) {
+    if let Some(delay) = failover.delay_seconds.filter(|delay| *delay > MAX_FAILOVER_SECONDS) {
+        errors.push(FieldError::invalid(
+            "spec.failover.delaySeconds",
+            delay,
+            format!("must be at most {MAX_FAILOVER_SECONDS}"),
+        ));
+    }
+    if let Some(lag) = failover.maximum_lag_bytes.filter(|lag| *lag > MAX_FAILOVER_LAG_BYTES) {
+        errors.push(FieldError::invalid(
+            "spec.failover.maximumLagBytes",
+            lag,
+            format!("must be at most {MAX_FAILOVER_LAG_BYTES} (1 TiB)"),
+        ));
+    }
+    if let Some(timeout) = failover
+        .switchover_timeout_seconds
+        .filter(|timeout| !(MIN_SWITCHOVER_TIMEOUT_SECONDS..=MAX_FAILOVER_SECONDS).contains(timeout))
+    {
+        errors.push(FieldError::invalid(
+            "spec.failover.switchoverTimeoutSeconds",
+            timeout,
+            format!("must be between {MIN_SWITCHOVER_TIMEOUT_SECONDS} and {MAX_FAILOVER_SECONDS}"),
+        ));
+    }
 }
 
 fn validate_name(name: &str, errors: &mut Vec<FieldError>) {

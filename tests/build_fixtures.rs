@@ -312,7 +312,9 @@ fn services_select_the_primary_the_standbys_and_every_pod() {
         let instance = ("app.kubernetes.io/instance".to_string(), name.to_string());
 
         let primary = selector(name);
-        assert_eq!(primary.get("statefulset.kubernetes.io/pod-name"), Some(&format!("{name}-0")), "{file}");
+        // The operator labels exactly one pod primary (the failover status decides which).
+        assert_eq!(primary.get("dbservice.dev/role").map(String::as_str), Some("primary"), "{file}");
+        assert!(!primary.contains_key("statefulset.kubernetes.io/pod-name"), "{file}: {primary:?}");
         assert!(primary.get(&instance.0) == Some(&instance.1), "{file}: primary selector {primary:?}");
 
         let standbys = selector(&format!("{name}-replicas"));
@@ -467,9 +469,45 @@ fn a_backup_spec_archives_from_the_pod_when_the_operator_image_is_known() {
         assert_eq!((reference.name.as_str(), reference.key.as_str()), ("s3-credentials", key));
     }
 
-    // Without spec.backup the operator's image changes nothing.
+    // Without spec.backup the agent still comes in, but nothing is archived.
     let (_, plain) = fixtures().into_iter().find(|(_, database)| database.spec.backup.is_none()).unwrap();
     let with_image =
         WorkloadInputs { instance_image: Some("localhost/dbservice-operator:dev".into()), ..steady_inputs(&plain) };
-    assert_eq!(stateful_set(&plain, &with_image), stateful_set(&plain, &steady_inputs(&plain)));
+    let plain_built = stateful_set(&plain, &with_image);
+    let variables = pod_spec(&plain_built).containers[0].env.clone().unwrap_or_default();
+    assert!(variables.iter().all(|variable| variable.name != "DBSERVICE_ARCHIVE_COMMAND"), "{variables:?}");
+}
+
+/// With the instance image, the agent runs the pod: the init container copies it into the shared
+/// emptyDir, the postgres container finds it there, and the pod runs as the agents' account.
+#[test]
+fn the_instance_agent_comes_from_an_init_container() {
+    let database = fixture("replicated.yaml");
+    let name = name_of(&database);
+    let inputs = WorkloadInputs { instance_image: Some("operator:1".into()), ..steady_inputs(&database) };
+    let built = stateful_set(&database, &inputs);
+    let pod = built.spec.template.spec.clone().unwrap();
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.name, "install-dbservice");
+    assert_eq!(init.image.as_deref(), Some("operator:1"));
+    assert_eq!(init.command.as_ref().unwrap()[1..], ["install-binary".to_string(), "/dbservice/bin".to_string()]);
+    assert_eq!(init.volume_mounts.as_ref().unwrap()[0].name, "dbservice-bin");
+    let volume = pod.volumes.as_ref().unwrap().iter().find(|volume| volume.name == "dbservice-bin").unwrap();
+    assert!(volume.empty_dir.is_some());
+    let postgres = postgres_container(&built);
+    let mount = postgres.volume_mounts.as_ref().unwrap().iter().find(|mount| mount.name == "dbservice-bin").unwrap();
+    assert_eq!(mount.mount_path, "/dbservice/bin");
+    let env: BTreeMap<String, Option<String>> =
+        postgres.env.clone().unwrap().into_iter().map(|variable| (variable.name, variable.value)).collect();
+    assert_eq!(env["DBSERVICE_AGENT"].as_deref(), Some("/dbservice/bin/dbservice-operator"));
+    assert_eq!(env["DBSERVICE_DATABASE"].as_deref(), Some(name));
+    assert!(!env.contains_key("PRIMARY_HOST"), "the role comes from the Lease, never the ordinal");
+    assert!(postgres.liveness_probe.is_none(), "the agent supervises PostgreSQL");
+    assert_eq!(pod.service_account_name, Some(format!("{name}-instance")));
+    assert_eq!(pod.automount_service_account_token, Some(true));
+
+    let without = stateful_set(&database, &steady_inputs(&database));
+    let pod = without.spec.template.spec.clone().unwrap();
+    assert!(pod.init_containers.is_none() && pod.service_account_name.is_none());
+    assert_eq!(pod.automount_service_account_token, Some(false));
 }

@@ -82,7 +82,7 @@ fn crd_has_the_status_subresource() {
 }
 
 #[test]
-fn crd_printer_columns_are_phase_ready_version_replicas_age() {
+fn crd_printer_columns_are_phase_ready_version_replicas_primary_age() {
     let crd = crd_json();
     let columns: Vec<(String, String, String)> = crd["spec"]["versions"][0]["additionalPrinterColumns"]
         .as_array()
@@ -101,6 +101,7 @@ fn crd_printer_columns_are_phase_ready_version_replicas_age() {
         ("Ready", "string", ".status.conditions[?(@.type==\"Ready\")].status"),
         ("Version", "string", ".status.currentVersion"),
         ("Replicas", "integer", ".spec.replicas"),
+        ("Primary", "string", ".status.currentPrimary"),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
     .map(|(name, kind, path)| (name.to_string(), kind.to_string(), path.to_string()));

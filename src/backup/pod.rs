@@ -1,26 +1,19 @@
-//! What continuous archiving adds to a PostgreSQL pod (pure). The convention shared with the
-//! instance agent (issue 11): an emptyDir `dbservice-bin`, an init container `install-dbservice`
-//! from the operator's image copying the binary to `/dbservice/bin/dbservice-operator`, mounted in
-//! the postgres container at `/dbservice/bin`. The store settings reach `wal-archive` through the
-//! container's environment; the credentials come from the Secret by reference, never as values.
+//! What continuous archiving adds to a PostgreSQL pod (pure). The binary is already there: with
+//! the operator's image known, the StatefulSet's pods get it from the `install-dbservice` init
+//! container in the `dbservice-bin` emptyDir at `/dbservice/bin` (for the instance agent, see
+//! `controller::build`). The store settings reach `wal-archive` through the container's
+//! environment; the credentials come from the Secret by reference, never as values.
 
 use crate::api::DatabaseService;
 use crate::backup::spec::DEFAULT_ARCHIVE_TIMEOUT_SECONDS;
 use crate::backup::validation::server_name;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PodSpec, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    EnvVar, EnvVarSource, PodSpec, SecretKeySelector, SecretVolumeSource, Volume, VolumeMount,
 };
 use kube::ResourceExt;
 
-/// Volume holding the operator binary in the pod.
-pub const BINARY_VOLUME: &str = "dbservice-bin";
-/// Where that volume is mounted.
-pub const BINARY_DIRECTORY: &str = "/dbservice/bin";
-/// The init container that fills it.
-pub const INSTALL_CONTAINER: &str = "install-dbservice";
-/// The binary in the operator image.
-pub const OPERATOR_BINARY: &str = "/usr/local/bin/dbservice-operator";
+/// Where the binary is in the pod.
+pub const BINARY_DIRECTORY: &str = crate::controller::build::AGENT_DIRECTORY;
 /// Volume and directory of the store's CA certificates, when `caSecret` is set.
 const CA_VOLUME: &str = "dbservice-s3-ca";
 const CA_DIRECTORY: &str = "/dbservice/s3-ca";
@@ -76,45 +69,21 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
     environment
 }
 
-/// Adds archiving to a pod whose first container runs PostgreSQL: the init container, the
-/// volumes, the mounts and the environment. Nothing changes without `spec.backup`.
-pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService, instance_image: &str) {
+/// Adds archiving to a pod whose first container runs PostgreSQL and has the binary at
+/// [`BINARY_DIRECTORY`]: the store's CA volume and mount, and the environment. Nothing changes
+/// without `spec.backup`.
+pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService) {
     let Some(backup) = &database.spec.backup else { return };
-    let binary_mount =
-        VolumeMount { name: BINARY_VOLUME.into(), mount_path: BINARY_DIRECTORY.into(), ..Default::default() };
-    let postgres_security = pod.containers.first().and_then(|container| container.security_context.clone());
-    pod.init_containers.get_or_insert_with(Vec::new).push(Container {
-        name: INSTALL_CONTAINER.into(),
-        image: Some(instance_image.into()),
-        command: Some(vec![OPERATOR_BINARY.into(), "install-binary".into(), BINARY_DIRECTORY.into()]),
-        volume_mounts: Some(vec![binary_mount.clone()]),
-        security_context: postgres_security.or_else(|| {
-            Some(SecurityContext {
-                allow_privilege_escalation: Some(false),
-                capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-                ..Default::default()
-            })
-        }),
-        ..Default::default()
-    });
-    let volumes = pod.volumes.get_or_insert_with(Vec::new);
-    volumes.push(Volume {
-        name: BINARY_VOLUME.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    });
     if let Some(ca) = &backup.object_store.ca_secret {
-        volumes.push(Volume {
+        pod.volumes.get_or_insert_with(Vec::new).push(Volume {
             name: CA_VOLUME.into(),
             secret: Some(SecretVolumeSource { secret_name: Some(ca.name.clone()), ..Default::default() }),
             ..Default::default()
         });
     }
     if let Some(postgres) = pod.containers.first_mut() {
-        let mounts = postgres.volume_mounts.get_or_insert_with(Vec::new);
-        mounts.push(VolumeMount { read_only: Some(true), ..binary_mount });
         if backup.object_store.ca_secret.is_some() {
-            mounts.push(VolumeMount {
+            postgres.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
                 name: CA_VOLUME.into(),
                 mount_path: CA_DIRECTORY.into(),
                 read_only: Some(true),
@@ -123,19 +92,4 @@ pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService, instance_ima
         }
         postgres.env.get_or_insert_with(Vec::new).extend(archive_environment(database));
     }
-}
-
-/// `dbservice-operator install-binary DIRECTORY`: copies this binary there (the operator image
-/// has no shell to copy with).
-pub fn install_binary(directory: &std::path::Path) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::os::unix::fs::PermissionsExt;
-    let source = std::env::current_exe().context("locate this binary")?;
-    let target = directory.join("dbservice-operator");
-    let partial = directory.join(".dbservice-operator.partial");
-    std::fs::copy(&source, &partial).with_context(|| format!("copy {} to {}", source.display(), partial.display()))?;
-    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("chmod {}", partial.display()))?;
-    std::fs::rename(&partial, &target).with_context(|| format!("rename to {}", target.display()))?;
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! the cached object does not already contain what we want), plus the pod and claim changes
 //! decide asked for, each guarded by a precondition so a stale cache never causes a wrong write.
 
-use super::build::Desired;
+use super::build::{Desired, InstanceAccess};
 use super::children::Slim;
 use super::context::PassContext;
 use super::decide::{credentials_conflict, note_applied, ApplyOutcome, Decision, Workload};
@@ -10,7 +10,11 @@ use super::diff::{contains_object, LiveValue};
 use super::names::{is_labelled_child_of, ROLE_LABEL};
 use super::observe::Observed;
 use crate::api::{DatabaseService, FIELD_MANAGER};
+use crate::failover::lease::LeaseRecord;
+use crate::failover::SWITCHOVER_ANNOTATION;
+use crate::instance::kubernetes::{lease_record, primary_lease_name, with_record};
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
@@ -18,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::fmt::Debug;
+use std::time::Duration;
 
 /// Applies `desired` unless `live` already contains it; returns what happened and the new resourceVersion.
 pub async fn apply_object<K>(
@@ -54,7 +59,7 @@ pub async fn apply(
     context: &PassContext,
     now: DateTime<Utc>,
 ) -> Result<(), kube::Error> {
-    let Desired { credentials, scripts, services, stateful_set } = desired;
+    let Desired { credentials, scripts, services, stateful_set, instance_access } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
     let client = &context.shared.client;
@@ -76,13 +81,86 @@ pub async fn apply(
         context.expectations.expect(&key, "Service", &service.name_any(), version);
         note_applied(decision, service, outcome, generation, now);
     }
+    if let Some(access) = &instance_access {
+        // Written with the StatefulSet (they change together: created with it, or for a new
+        // operator version), before it, since its pods need the account; never in a steady pass.
+        if !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set)) {
+            apply_access(&namespace, access, context).await?;
+        }
+    }
     let stateful_sets = Api::namespaced(client.clone(), &namespace);
     let (outcome, version) =
         apply_object(&stateful_sets, &stateful_set, observed.stateful_set.as_deref(), context).await?;
     context.expectations.expect(&key, "StatefulSet", &stateful_set.name_any(), version);
     note_applied(decision, &stateful_set, outcome, generation, now);
     apply_pods(&namespace, workload, context, &key).await?;
-    apply_claims(&namespace, workload, context, &key).await
+    apply_claims(&namespace, workload, context, &key).await?;
+    if let Some(instance) = &workload.release_lease_of {
+        release_primary_lease(database, instance, context).await?;
+    }
+    if workload.clear_switchover_request {
+        let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace);
+        let patch = Patch::Merge(json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}}));
+        databases.patch(&database.name_any(), &PatchParams::default(), &patch).await?;
+        context.shared.metrics.count_write("DatabaseService", "patch");
+    }
+    Ok(())
+}
+
+/// Server-side apply of an object the controller does not cache (written only with the StatefulSet).
+async fn server_side_apply<K>(api: &Api<K>, object: &K, context: &PassContext) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let mut body = serde_json::to_value(object).expect("objects serialize");
+    body["apiVersion"] = Value::String(K::api_version(&()).to_string());
+    body["kind"] = Value::String(K::kind(&()).to_string());
+    let name = object.meta().name.clone().unwrap_or_default();
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    context.shared.metrics.count_write(&K::kind(&()), "apply");
+    Ok(())
+}
+
+/// The instance agents' ServiceAccount, Role, RoleBinding and primary Lease (metadata only: the
+/// Lease's holder is never touched by the operator's apply).
+async fn apply_access(namespace: &str, access: &InstanceAccess, context: &PassContext) -> Result<(), kube::Error> {
+    let client = &context.shared.client;
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.service_account, context).await?;
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role, context).await?;
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role_binding, context).await?;
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.lease, context).await
+}
+
+/// Releases the primary Lease held by `instance`, whose pod is gone (the kubelet confirmed that its
+/// processes ended), so that a standby may be promoted without waiting for the Lease to expire.
+/// Compare-and-swap on the resourceVersion: a Lease that changed since it was read is left alone.
+async fn release_primary_lease(
+    database: &DatabaseService,
+    instance: &str,
+    context: &PassContext,
+) -> Result<(), kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let name = primary_lease_name(&database.name_any());
+    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
+    let record = lease_record(&lease);
+    if record.holder.as_deref() != Some(instance) {
+        return Ok(());
+    }
+    let duration =
+        Duration::from_secs(lease.spec.as_ref().and_then(|spec| spec.lease_duration_seconds).unwrap_or(15) as u64);
+    let released = with_record(lease, &LeaseRecord { holder: None, ..record }, duration);
+    match leases
+        .replace(&name, &PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &released)
+        .await
+    {
+        Ok(_) => {
+            context.shared.metrics.count_write("Lease", "update");
+            tracing::info!(lease = %name, %instance, "released the primary lease of a gone pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error),
+    }
 }
 
 /// Creates the credentials Secret; false when its name is taken by a Secret that is not ours.

@@ -2,6 +2,7 @@
 //! version runs, how many instances, the restart stamp). [`Desired`] holds every child; `apply`
 //! destructures it without `..`, so a new child kind cannot be built and then forgotten.
 
+pub use super::access::{instance_access, InstanceAccess};
 pub use super::names::{
     describe, label_selector, labels, owner_reference, role_of_pod, selector_labels, ChildNames, DATA_VOLUME,
     INSTANCE_LABEL, ROLE_LABEL,
@@ -29,6 +30,14 @@ pub const REPLICATION_USER: &str = "replicator";
 pub const RESTART_ANNOTATION: &str = "dbservice.dev/restartedAt";
 /// Where PostgreSQL keeps its data inside the data volume (a subdirectory, so lost+found is no problem).
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+/// emptyDir the init container copies the instance agent into (shared convention of the pod template).
+pub const AGENT_VOLUME: &str = "dbservice-bin";
+/// Where [`AGENT_VOLUME`] is mounted in the init and postgres containers.
+pub const AGENT_DIRECTORY: &str = "/dbservice/bin";
+/// The init container that copies the agent.
+pub const AGENT_INIT_CONTAINER: &str = "install-dbservice";
+/// Path of the operator binary in the operator image.
+pub const OPERATOR_BINARY: &str = "/usr/local/bin/dbservice-operator";
 
 const ENTRYPOINT_SCRIPT: &str = include_str!("scripts/entrypoint.sh");
 const PRIMARY_INIT_SCRIPT: &str = include_str!("scripts/primary-init.sh");
@@ -44,7 +53,9 @@ pub struct WorkloadInputs {
     pub restarted_at: Option<String>,
     /// Size of the volumeClaimTemplate: the one the StatefulSet was created with (it is immutable).
     pub claim_template_size: String,
-    /// The operator's image, when known: with it, `spec.backup` archives WAL from the pods.
+    /// The operator's own image, when known: an init container copies the binary from it into each
+    /// pod, the instance agent supervises PostgreSQL (failover), and `spec.backup` archives WAL.
+    /// When None, roles are fixed by ordinal (pod 0 is the primary) and nothing is archived.
     pub instance_image: Option<String>,
 }
 
@@ -146,6 +157,71 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
     if let Some(restarted_at) = &inputs.restarted_at {
         pod_annotations.insert(RESTART_ANNOTATION.to_string(), restarted_at.clone());
     }
+    let mut env = vec![
+        EnvVar {
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        secret_env("POSTGRES_USER", &secret, "username"),
+        secret_env("POSTGRES_PASSWORD", &secret, "password"),
+        secret_env("POSTGRES_DB", &secret, "database"),
+        secret_env("REPLICATION_USER", &secret, "replication-username"),
+        secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
+        plain_env("PGDATA", PGDATA),
+    ];
+    let mut mounts = vec![
+        VolumeMount { name: DATA_VOLUME.into(), mount_path: "/var/lib/postgresql/data".into(), ..Default::default() },
+        VolumeMount {
+            name: "scripts".into(),
+            mount_path: "/scripts".into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
+        VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+    ];
+    let agent_mount =
+        VolumeMount { name: AGENT_VOLUME.into(), mount_path: AGENT_DIRECTORY.into(), ..Default::default() };
+    match &inputs.instance_image {
+        Some(_) => {
+            env.push(EnvVar {
+                name: "POD_NAMESPACE".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            env.push(plain_env("DBSERVICE_DATABASE", &name));
+            env.push(plain_env("DBSERVICE_AGENT", &format!("{AGENT_DIRECTORY}/dbservice-operator")));
+            mounts.push(VolumeMount { read_only: Some(true), ..agent_mount.clone() });
+        }
+        None => env.push(plain_env("PRIMARY_HOST", &primary_host(database))),
+    }
+    let restricted = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    };
+    let init_containers = inputs.instance_image.as_ref().map(|image| {
+        vec![Container {
+            name: AGENT_INIT_CONTAINER.into(),
+            image: Some(image.clone()),
+            command: Some(vec![OPERATOR_BINARY.into(), "install-binary".into(), AGENT_DIRECTORY.into()]),
+            security_context: Some(restricted.clone()),
+            volume_mounts: Some(vec![agent_mount]),
+            ..Default::default()
+        }]
+    });
     let container = Container {
         name: "postgres".into(),
         image: Some(inputs.image.clone()),
@@ -156,48 +232,14 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        env: Some(vec![
-            EnvVar {
-                name: "POD_NAME".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector { field_path: "metadata.name".into(), ..Default::default() }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            secret_env("POSTGRES_USER", &secret, "username"),
-            secret_env("POSTGRES_PASSWORD", &secret, "password"),
-            secret_env("POSTGRES_DB", &secret, "database"),
-            secret_env("REPLICATION_USER", &secret, "replication-username"),
-            secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
-            plain_env("PGDATA", PGDATA),
-            plain_env("PRIMARY_HOST", &primary_host(database)),
-        ]),
+        env: Some(env),
         readiness_probe: Some(pg_isready_probe(5, 10, 3)),
-        liveness_probe: Some(pg_isready_probe(30, 10, 6)),
+        // With the agent, PostgreSQL is down on purpose at times (fenced, waiting to rejoin, being
+        // rewound): the agent supervises it, and a kubelet restart would only fight the agent.
+        liveness_probe: inputs.instance_image.is_none().then(|| pg_isready_probe(30, 10, 6)),
         resources: spec.resources.clone(),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-            ..Default::default()
-        }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: DATA_VOLUME.into(),
-                mount_path: "/var/lib/postgresql/data".into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "scripts".into(),
-                mount_path: "/scripts".into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
-            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
-        ]),
+        security_context: Some(restricted),
+        volume_mounts: Some(mounts),
         ..Default::default()
     };
     let mut claim_request = BTreeMap::new();
@@ -239,7 +281,10 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
-                    automount_service_account_token: Some(false),
+                    init_containers,
+                    // Only the agent talks to the API, with its own least-privilege account.
+                    service_account_name: inputs.instance_image.as_ref().map(|_| ChildNames::instance_account(&name)),
+                    automount_service_account_token: Some(inputs.instance_image.is_some()),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(30),
                     security_context: Some(PodSecurityContext {
@@ -253,19 +298,24 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
                         seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
                         ..Default::default()
                     }),
-                    volumes: Some(vec![
-                        Volume {
-                            name: "scripts".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: ChildNames::scripts(&name),
-                                default_mode: Some(0o555),
+                    volumes: Some(
+                        vec![
+                            Volume {
+                                name: "scripts".into(),
+                                config_map: Some(ConfigMapVolumeSource {
+                                    name: ChildNames::scripts(&name),
+                                    default_mode: Some(0o555),
+                                    ..Default::default()
+                                }),
                                 ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                        empty_dir("run"),
-                        empty_dir("tmp"),
-                    ]),
+                            },
+                            empty_dir("run"),
+                            empty_dir("tmp"),
+                        ]
+                        .into_iter()
+                        .chain(inputs.instance_image.as_ref().map(|_| empty_dir(AGENT_VOLUME)))
+                        .collect(),
+                    ),
                     ..Default::default()
                 }),
             },
@@ -275,8 +325,8 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
         ..Default::default()
     };
     // Archiving needs our binary in the pod, so it follows spec.backup only when the operator knows its image.
-    if let (Some(image), Some(pod)) = (&inputs.instance_image, stateful_set.spec.template.spec.as_mut()) {
-        crate::backup::pod::add_archiving(pod, database, image);
+    if let (Some(_), Some(pod)) = (&inputs.instance_image, stateful_set.spec.template.spec.as_mut()) {
+        crate::backup::pod::add_archiving(pod, database);
     }
     stateful_set
 }
@@ -305,8 +355,9 @@ fn service(database: &DatabaseService, name: String, selector: BTreeMap<String, 
 /// Service NAME (the primary), NAME-replicas (the standbys) and NAME-headless (pod DNS).
 pub fn services(database: &DatabaseService) -> Vec<Service> {
     let name = database.name_any();
+    // The operator labels exactly one pod primary (none during a failover): never two behind NAME.
     let mut primary = selector_labels(&name);
-    primary.insert("statefulset.kubernetes.io/pod-name".into(), format!("{name}-0"));
+    primary.insert(ROLE_LABEL.into(), "primary".into());
     let mut standbys = selector_labels(&name);
     standbys.insert(ROLE_LABEL.into(), "standby".into());
     vec![
@@ -336,6 +387,8 @@ pub struct Desired {
     pub services: Vec<Service>,
     /// StatefulSet NAME.
     pub stateful_set: StatefulSet,
+    /// The instance agents' account, Role, binding and Lease (only with the agent).
+    pub instance_access: Option<InstanceAccess>,
 }
 
 /// Fresh passwords for a new credentials Secret (the one impure input of building).
@@ -354,6 +407,7 @@ pub fn desired(database: &DatabaseService, inputs: &WorkloadInputs, passwords: O
         scripts: scripts_config_map(database),
         services: services(database),
         stateful_set: stateful_set(database, inputs),
+        instance_access: inputs.instance_image.as_ref().map(|_| instance_access(database)),
     }
 }
 

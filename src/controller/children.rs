@@ -234,9 +234,20 @@ impl Slim for ConfigMap {
 }
 
 impl Slim for Pod {
-    /// Health needs the postgres container's image, the conditions and the waiting reasons.
+    /// Health needs the postgres container's image, the conditions and the waiting reasons;
+    /// failover needs the agent's report annotation.
     fn slim(&mut self) {
+        // The instance agent's report is the one annotation the controller reads (failover).
+        let report = self
+            .metadata
+            .annotations
+            .as_mut()
+            .and_then(|annotations| annotations.remove(crate::failover::INSTANCE_REPORT_ANNOTATION));
         slim_metadata(&mut self.metadata);
+        if let Some(report) = report {
+            self.metadata.annotations =
+                Some([(crate::failover::INSTANCE_REPORT_ANNOTATION.to_string(), report)].into());
+        }
         if let Some(spec) = self.spec.take() {
             let containers = spec
                 .containers

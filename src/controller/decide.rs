@@ -5,10 +5,11 @@
 use super::build::{self, WorkloadInputs};
 use super::conditions::{self, types};
 use super::diff;
+use super::failover::{decide_failover, URGENT_REQUEUE};
 use super::health::{self, PodHealth};
 use super::journal::Journal;
 use super::ledger::LedgerEntry;
-use super::names::{describe, is_owned_by, owner_reference, role_of_pod, ChildNames, ROLE_LABEL};
+use super::names::{describe, is_owned_by, owner_reference, ChildNames, ROLE_LABEL};
 use super::observe::{claim_class, claim_request, Observed};
 use super::rollout::{decide_rollout, Rollout};
 use super::settings::ControllerSettings;
@@ -59,6 +60,10 @@ pub struct Workload {
     pub pod_deletions: Vec<PodDeletion>,
     /// Owner references and sizes of claims.
     pub claim_changes: Vec<ClaimChange>,
+    /// Release the primary Lease if this instance (whose pod is gone) still holds it.
+    pub release_lease_of: Option<String>,
+    /// Remove the switchover annotation from the DatabaseService.
+    pub clear_switchover_request: bool,
     /// The DatabaseService was provisioned in an earlier pass: a missing child was deleted.
     pub provisioned_before: bool,
     /// Nothing in the spec or the decisions changed: a differing child was edited by hand.
@@ -171,15 +176,19 @@ pub fn decide(input: &DecideInput) -> Decision {
         claim_template_size: live_stateful_set
             .and_then(build::claim_template_size)
             .unwrap_or_else(|| database.spec.storage_size.clone()),
-        instance_image: (!settings.instance_image.is_empty()).then(|| settings.instance_image.clone()),
+        instance_image: settings.instance_image.clone(),
     };
+    let lease = observed.primary_lease.as_ref();
+    let failover = decide_failover(database, &observed.pods, &pods, lease, &mut status, &mut journal, now);
     // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
     let stateful_set_current = observed
         .stateful_set
         .as_deref()
         .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
-    let (pod_labels, pod_deletions) = decide_pods(observed, &pods, &rollout, stateful_set_current, &mut journal);
+    let primary = failover.primary.as_deref();
+    let (pod_labels, pod_deletions) =
+        decide_pods(observed, &pods, primary, &rollout, stateful_set_current, &mut journal);
     let rolled_out =
         health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && stateful_set_current;
     summarize(database, &mut status, &pods, &rollout, rolled_out, now, &mut journal);
@@ -191,6 +200,8 @@ pub fn decide(input: &DecideInput) -> Decision {
         pod_labels,
         pod_deletions,
         claim_changes,
+        release_lease_of: failover.release_lease_of,
+        clear_switchover_request: failover.clear_switchover_request,
         provisioned_before,
         drift_possible: provisioned_before
             && old_status.observed_generation == Some(generation)
@@ -198,7 +209,13 @@ pub fn decide(input: &DecideInput) -> Decision {
     };
     // Child and pod events wake the controller; the periodic look is a safety net for time-based
     // decisions (backoff, deadlines, restore probes) while something is still wrong.
-    let requeue = if converged { Duration::from_secs(300) } else { Duration::from_secs(5) };
+    let requeue = if failover.urgent {
+        URGENT_REQUEUE
+    } else if converged {
+        Duration::from_secs(300)
+    } else {
+        Duration::from_secs(5)
+    };
     Decision { status, journal, workload: Some(workload), requeue: Some(requeue) }
 }
 
@@ -405,11 +422,13 @@ fn decide_claims(
     changes
 }
 
-/// Role labels, and pods stuck not ready on an old image once the template is current (a
-/// StatefulSet never replaces a broken pod by itself, which would block every rollback).
+/// Role labels (standbys first, so that two pods are never labelled primary at once), and pods
+/// stuck not ready on an old image once the template is current (a StatefulSet never replaces a
+/// broken pod by itself, which would block every rollback).
 fn decide_pods(
     observed: &Observed,
     pods: &[PodHealth],
+    primary: Option<&str>,
     rollout: &Rollout,
     template_current: bool,
     journal: &mut Journal,
@@ -420,7 +439,7 @@ fn decide_pods(
         if health.terminating {
             continue;
         }
-        let role = role_of_pod(&health.name);
+        let role = if Some(health.name.as_str()) == primary { "primary" } else { "standby" };
         if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
             labels.push(PodLabel { pod: health.name.clone(), role });
         }
@@ -441,6 +460,7 @@ fn decide_pods(
             );
         }
     }
+    labels.sort_by_key(|label| label.role == "primary");
     (labels, deletions)
 }
 

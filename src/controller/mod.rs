@@ -6,6 +6,7 @@
 //! [`publish`] (ledger, status, events: the only writer of status). Modules import downwards
 //! only: names, journal, conditions and health are leaves; wiring is the root.
 
+pub mod access;
 pub mod apply;
 pub mod build;
 pub mod children;
@@ -17,6 +18,7 @@ pub mod decide;
 pub mod diff;
 pub mod error;
 pub mod expectations;
+pub mod failover;
 pub mod health;
 pub mod journal;
 pub mod ledger;

@@ -43,6 +43,10 @@ impl ChildNames {
     pub fn headless_service(name: &str) -> String {
         format!("{name}-headless")
     }
+    /// ServiceAccount, Role and RoleBinding of the instance agents.
+    pub fn instance_account(name: &str) -> String {
+        format!("{name}-instance")
+    }
     /// Data PVC of instance `ordinal`.
     pub fn claim(name: &str, ordinal: i32) -> String {
         format!("{DATA_VOLUME}-{name}-{ordinal}")

@@ -34,6 +34,8 @@ pub struct Observed {
     pub claims: Vec<Arc<PersistentVolumeClaim>>,
     /// allowVolumeExpansion of the StorageClasses of claims smaller than the spec asks.
     pub expandable_classes: BTreeMap<String, bool>,
+    /// The primary Lease, read only while a failover or switchover needs it.
+    pub primary_lease: Option<crate::failover::lease::LeaseRecord>,
 }
 
 /// Reads the children of `database` from the caches.
@@ -61,7 +63,26 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         pods,
         claims,
         expandable_classes: BTreeMap::new(),
+        primary_lease: None,
     }
+}
+
+/// Fills [`Observed::primary_lease`] when the failover step needs it (a GET, never in a steady pass).
+pub async fn primary_lease(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    let health: Vec<_> = observed.pods.iter().map(|pod| super::health::pod_health(pod)).collect();
+    if !super::failover::needs_lease(database, &observed.pods, &health) {
+        return Ok(());
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &database.namespace().unwrap_or_default());
+    let name = crate::instance::kubernetes::primary_lease_name(&database.name_any());
+    observed.primary_lease =
+        leases.get_opt(&name).await?.map(|lease| crate::instance::kubernetes::lease_record(&lease));
+    Ok(())
 }
 
 /// Requested storage of a claim.

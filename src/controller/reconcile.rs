@@ -8,7 +8,7 @@ use super::context::PassContext;
 use super::decide::{decide, DecideInput};
 use super::error::ReconcileError;
 use super::journal::now;
-use super::observe::{from_caches, storage_classes};
+use super::observe::{from_caches, primary_lease, storage_classes};
 use super::publish::{publish, publish_applied};
 use crate::api::DatabaseService;
 use kube::runtime::controller::Action;
@@ -54,6 +54,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     let now = now();
     let mut observed = from_caches(database, &context.stores);
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     let mut decision = decide(&DecideInput { database, observed: &observed, settings: &context.shared.settings, now });
     if !context.may_write() {
         return Err(ReconcileError::StepDown);

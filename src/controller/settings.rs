@@ -23,9 +23,9 @@ pub struct ControllerSettings {
     pub watch_namespace: Option<String>,
     /// Only DatabaseServices matching this label selector, or all when None.
     pub selector: Option<String>,
-    /// The operator's own image, for init containers that bring its binary into PostgreSQL pods
-    /// (WAL archiving); empty when unknown.
-    pub instance_image: String,
+    /// Image with the instance agent (the operator's own): None runs PostgreSQL without it
+    /// (roles fixed by ordinal, no failover).
+    pub instance_image: Option<String>,
 }
 
 impl Default for ControllerSettings {
@@ -41,7 +41,7 @@ impl Default for ControllerSettings {
             concurrency: 16,
             watch_namespace: None,
             selector: None,
-            instance_image: String::new(),
+            instance_image: None,
         }
     }
 }

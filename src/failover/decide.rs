@@ -189,6 +189,11 @@ fn rejection(
         PodState::NotReady => Rejection::PodNotReady,
         _ if !report.postgres_ready => Rejection::PostgresNotReady,
         _ if require_streaming && !report.wal_receiver => Rejection::NotStreaming,
+        // A streaming standby's reported position is the one it had when it started streaming
+        // (positions are not republished while they advance), so its lag is unknown here; it
+        // needs none: a switchover target promotes only once it has received the old primary's
+        // shutdown checkpoint.
+        _ if require_streaming => return None,
         _ => {
             let lag_bytes = reference.bytes_ahead_of(report.received_lsn.unwrap_or_default());
             if lag_bytes <= settings.maximum_lag_bytes {

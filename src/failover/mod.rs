@@ -14,6 +14,7 @@ pub use decide::{decide, Action, Decision, Observed, Rejection};
 pub use lsn::{Lsn, ParseLsnError};
 
 use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ pub const SWITCHOVER_ANNOTATION: &str = "dbservice.dev/switchover-to";
 pub const PENDING: &str = "pending";
 
 /// What a PostgreSQL instance is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Role {
     /// Accepts writes (not in recovery).
@@ -89,7 +90,7 @@ pub struct InstanceObservation {
 }
 
 /// Kind of primary change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum TransitionKind {
     /// The primary failed.
@@ -99,7 +100,7 @@ pub enum TransitionKind {
 }
 
 /// A primary change in progress.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Transition {
     /// Failover or switchover.
@@ -107,11 +108,12 @@ pub struct Transition {
     /// The primary being replaced.
     pub from: String,
     /// When it started (timings in events and the ledger are measured from here).
+    #[schemars(with = "String")]
     pub started_at: DateTime<Utc>,
 }
 
 /// Failover state persisted in the DatabaseService status: everything [`decide`] needs to resume.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
     /// The instance behind Service `<name>`.
@@ -123,11 +125,33 @@ pub struct FailoverStatus {
     pub target_primary: Option<String>,
     /// When the current primary was first seen unhealthy (the failover delay counts from here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub primary_failing_since: Option<DateTime<Utc>>,
     /// The primary change in progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transition: Option<Transition>,
     /// Timeline of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+}
+
+/// One instance as shown in the DatabaseService status (from its agent's last report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Instance (pod) name.
+    pub name: String,
+    /// primary, standby, or unknown while its agent has not reported.
+    pub role: String,
+    /// PostgreSQL answers queries.
+    pub ready: bool,
+    /// Standby: WAL receiver connected to the primary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub streaming: bool,
+    /// Standby: bytes behind the primary's last known position, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
+    /// Timeline it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
 }

@@ -49,7 +49,16 @@ pub struct Agent<C> {
     last_sample: Option<Sample>,
     fenced_by_hand: bool,
     last_published: Option<InstanceReport>,
+    /// Since when a promotion waits for the old primary's last WAL (see [`RELEASED_WAL_WAIT`]).
+    waiting_for_released_wal: Option<(Lsn, Instant)>,
 }
+
+/// Longest wait of a promotion for the WAL up to the old primary's shutdown checkpoint while the
+/// standby no longer streams. Seen on the real node: a primary whose pod was deleted stopped
+/// cleanly, but its walsender ended 176 bytes before the shutdown checkpoint, so that position
+/// never arrives; waiting for it forever would leave the database without a primary. Promoting
+/// after this wait may lose the commits in that gap (logged), as any asynchronous failover may.
+pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Equal for publishing purposes: a streaming standby's positions advance all the time and are not
 /// republished (they are published when streaming stops, which is when a failover needs them).
@@ -80,6 +89,7 @@ impl<C: ControlPlane> Agent<C> {
             last_sample: None,
             fenced_by_hand: false,
             last_published: None,
+            waiting_for_released_wal: None,
         }
     }
 
@@ -277,9 +287,20 @@ impl<C: ControlPlane> Agent<C> {
         }
         let received = sample.received_lsn.max(sample.replay_lsn).unwrap_or_default();
         if let Some(released) = record.released_at_lsn.filter(|released| received < *released) {
-            // A clean hand-over: promoting before the old primary's last WAL arrived would lose commits.
-            tracing::info!(instance = %self.config.name, %received, %released, "waiting for the old primary's last WAL");
-            return Ok(());
+            // A clean hand-over: promoting before the old primary's last WAL arrived would lose
+            // commits. While streaming it keeps arriving; once streaming has stopped, it is given
+            // RELEASED_WAL_WAIT (see there) and no more.
+            let since = match self.waiting_for_released_wal {
+                Some((waited_for, since)) if waited_for == released => since,
+                _ => Instant::now(),
+            };
+            self.waiting_for_released_wal = Some((released, since));
+            if sample.streaming || since.elapsed() < RELEASED_WAL_WAIT {
+                tracing::info!(instance = %self.config.name, %received, %released, "waiting for the old primary's last WAL");
+                return Ok(());
+            }
+            let gap = released.bytes_ahead_of(received);
+            tracing::warn!(instance = %self.config.name, %received, %released, gap_bytes = gap, "the old primary's last WAL did not arrive: promoting without it");
         }
         if !matches!(self.write_lease(sample.received_lsn, Some(sample.timeline)).await?, LeaseWrite::Written) {
             return Ok(());

@@ -8,7 +8,9 @@
 //! serves nothing, so the operator never dials a pod. Design: docs/failover.md.
 
 mod agent;
+pub mod kubernetes;
 pub mod postgres;
+pub mod run;
 pub mod standby;
 
 pub use agent::{Agent, AgentError};
@@ -113,6 +115,7 @@ pub trait ControlPlane: Send + Sync {
 /// Runs an `instance` subcommand.
 pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
     match args.command {
+        InstanceCommand::Run(run) => run::run(run).await,
         InstanceCommand::Status(status) => {
             let config = InstanceConfig {
                 name: String::new(),

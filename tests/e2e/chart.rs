@@ -54,6 +54,12 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["get", "storageclasses.storage.k8s.io"],
         &["update", "leases.coordination.k8s.io/dbservice-operator-leader", "-n", RELEASE_NAMESPACE],
         &["create", "leases.coordination.k8s.io", "-n", RELEASE_NAMESPACE],
+        // Failover: each database's agents get an account, a Role and its primary Lease; the
+        // operator holds what it grants (get/update on that Lease) and releases a gone pod's Lease.
+        &["create", "serviceaccounts", "-n", "default"],
+        &["create", "roles.rbac.authorization.k8s.io", "-n", "default"],
+        &["create", "rolebindings.rbac.authorization.k8s.io", "-n", "default"],
+        &["update", "leases.coordination.k8s.io/db-primary", "-n", "default"],
     ];
     for arguments in allowed {
         assert!(
@@ -69,8 +75,13 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["create", "clusterroles.rbac.authorization.k8s.io"],
         &["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         &["create", "databaseservices.dbservice.dev", "-n", "default"],
-        &["update", "leases.coordination.k8s.io/some-other-lease", "-n", RELEASE_NAMESPACE],
-        &["update", "leases.coordination.k8s.io", "-n", "kube-system"],
+        // Per-database primary Leases need get/update wherever databases live; never delete, list
+        // or watch, and no role can be bound or escalated beyond what the operator holds.
+        &["delete", "leases.coordination.k8s.io", "-n", "kube-system"],
+        &["list", "leases.coordination.k8s.io", "--all-namespaces"],
+        &["bind", "roles.rbac.authorization.k8s.io", "-n", "default"],
+        &["escalate", "roles.rbac.authorization.k8s.io", "-n", "default"],
+        &["delete", "roles.rbac.authorization.k8s.io", "-n", "default"],
         &["patch", "validatingwebhookconfigurations.admissionregistration.k8s.io"],
     ];
     for arguments in denied {

@@ -10,6 +10,7 @@
 
 mod backups;
 mod environment;
+mod failover;
 mod node;
 #[path = "../support/object_store.rs"]
 mod object_store;

@@ -66,7 +66,8 @@ async fn two_instances_replicate_and_survive_their_pods_being_deleted() {
     assert_eq!(in_recovery.trim(), "t", "pg-replicas must reach a standby");
     assert_eq!(psql_in_instance(&namespace.name, "pg-0", "select state from pg_stat_replication").trim(), "streaming");
 
-    // The primary's pod is deleted: it comes back on the same volume with every row.
+    // The primary's pod is deleted: the standby takes over (failover), the old primary comes back on
+    // its volume as a standby, and every row is there.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace.name);
     let old_uid = pods.get("pg-0").await.unwrap().metadata.uid;
     let deleted = Instant::now();
@@ -84,9 +85,12 @@ async fn two_instances_replicate_and_survive_their_pods_being_deleted() {
     psql(&client, node, &namespace.name, "pg", Target::Uri, "insert into rows values (3, 'three')").await.unwrap();
 
     // The standby's pod is deleted: it re-joins and streams the new row.
-    pods.delete("pg-1", &DeleteParams::default()).await.unwrap();
+    let databases_now = databases.get("pg").await.unwrap();
+    let primary = databases_now.status.unwrap().failover.current_primary.expect("a current primary");
+    let standby = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    pods.delete(standby, &DeleteParams::default()).await.unwrap();
     eventually("the standby streaming again", Duration::from_secs(180), || async {
-        let state = kubectl_quiet(&namespace.name, "pg-0", "select state from pg_stat_replication")?;
+        let state = kubectl_quiet(&namespace.name, &primary, "select state from pg_stat_replication")?;
         (state.trim() == "streaming").then_some(())
     })
     .await;

@@ -248,6 +248,19 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]
+# Instance agents (failover): each database gets a ServiceAccount, Role and RoleBinding NAME-instance
+# (server-side apply, written with the StatefulSet) and its primary Lease NAME-primary. The operator
+# holds every permission it grants (RBAC forbids escalation): get on databaseservices and get/patch on
+# pods above, get/update on leases here. The Lease of a pod that is gone is released with update.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create", "patch"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "patch", "update"]
 # Kubernetes Events about reconciliation, recorded with either events API.
 - apiGroups: [""]
   resources: ["events"]

@@ -12,7 +12,8 @@
 #                         (e.g. /var/lib/postgresql/data/pgdata), its parent must be writable
 #   POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB   superuser and initial database (primary init)
 #   REPLICATION_USER, REPLICATION_PASSWORD          streaming-replication role
-#   PRIMARY_HOST          DNS name of the primary (standbys only), e.g. mydb-0.mydb-headless.ns.svc
+#   PRIMARY_HOST          DNS name of the primary (standbys only, without the agent)
+#   DBSERVICE_AGENT       path of the instance agent (dbservice-operator): agent mode, see below
 # Optional environment:
 #   PRIMARY_PORT (5432), PGPORT (5432), LISTEN_ADDRESSES (*), MAX_WAL_SENDERS (10),
 #   WAL_KEEP_SIZE (256MB), PRIMARY_WAIT_TIMEOUT seconds (300), BASEBACKUP_ATTEMPTS (3),
@@ -69,12 +70,25 @@ if ! [[ "$REPLICATION_USER" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# Role: ordinal 0 is the primary, everything else is a standby.
+# Agent mode (DBSERVICE_AGENT: the instance agent, copied into the pod by the install-dbservice
+# init container): the agent supervises PostgreSQL and the role comes from the primary Lease,
+# never from the ordinal. This script then only initializes the first data directory, when the
+# agent asks for it with the argument "initialize".
+AGENT="${DBSERVICE_AGENT:-}"
+ACTION="${1:-start}"
+case "$ACTION" in
+start | initialize) ;;
+*) die "unknown argument '$ACTION' (expected start or initialize)" ;;
+esac
+
+# Role (without the agent): ordinal 0 is the primary, everything else is a standby.
 ORDINAL="${POD_NAME##*-}"
 if ! [[ "$ORDINAL" =~ ^[0-9]+$ ]]; then
 	die "cannot derive a StatefulSet ordinal from POD_NAME '$POD_NAME'"
 fi
-if [ "$((10#$ORDINAL))" -eq 0 ]; then
+if [ -n "$AGENT" ] || [ "$ACTION" = initialize ]; then
+	ROLE=agent
+elif [ "$((10#$ORDINAL))" -eq 0 ]; then
 	ROLE=primary
 else
 	ROLE=standby
@@ -315,6 +329,51 @@ start_postgres() {
 	set +u
 	_main postgres "${PG_ARGS[@]}"
 }
+
+# First data directory in agent mode, the official image's way in container mode (its
+# docker-entrypoint.sh functions, without starting the final server).
+container_initialize() {
+	official_entrypoint_source
+	set +u
+	docker_setup_env
+	docker_create_db_directories
+	if [ -z "$DATABASE_ALREADY_EXISTS" ]; then
+		docker_verify_minimum_env
+		docker_init_database_dir
+		pg_setup_hba_conf
+		export PGPASSWORD="${PGPASSWORD:-$POSTGRES_PASSWORD}"
+		docker_temp_server_start
+		docker_setup_db
+		docker_process_init_files /docker-entrypoint-initdb.d/*
+		run_primary_init
+		docker_temp_server_stop
+		unset PGPASSWORD
+	fi
+	set -u
+}
+
+if [ "$ACTION" = initialize ]; then
+	data_dir_initialized && die "$PGDATA is initialized already"
+	if [ "$MODE" = standalone ]; then
+		standalone_init_primary
+	else
+		container_initialize
+	fi
+	chmod 700 "$PGDATA"
+	exit 0
+fi
+if [ -n "$AGENT" ]; then
+	[ -x "$AGENT" ] || die "instance agent $AGENT is missing (init container install-dbservice)"
+	# See the primary case below: the kubelet may have re-applied fsGroup modes.
+	if [ -d "$PGDATA" ]; then
+		chmod 700 "$PGDATA"
+	fi
+	PG_BIN="$(dirname "$(command -v postgres)")"
+	export PG_BIN PG_SOCKET_DIR="${PG_SOCKET_DIR:-/var/run/postgresql}" WAL_KEEP_SIZE
+	export MAX_WAL_SENDERS="${MAX_WAL_SENDERS:-10}"
+	log "pod $POD_NAME: handing over to the instance agent (PostgreSQL $PG_MAJOR_VERSION, mode $MODE)"
+	exec "$AGENT" instance run
+fi
 
 # ---------------------------------------------------------------------------------------------
 log "pod $POD_NAME (ordinal $ORDINAL) starts as $ROLE, PostgreSQL $PG_MAJOR_VERSION, mode $MODE"

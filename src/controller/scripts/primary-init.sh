@@ -56,6 +56,13 @@ if ! err="$(
 			"SET password_encryption = 'scram-sha-256';" \
 			"SELECT format('CREATE ROLE %I', :'repl_user') WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = :'repl_user') \\gexec"
 		printf 'ALTER ROLE :"repl_user" WITH REPLICATION LOGIN PASSWORD %s;\n' "$password_literal"
+		# pg_rewind (a former primary rejoining as a standby) reads the new primary's files with these
+		# functions, as the replication role: the documented grants for a non-superuser source.
+		printf '%s\n' \
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO :"repl_user";' \
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO :"repl_user";' \
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) TO :"repl_user";' \
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO :"repl_user";'
 	} | psql -X -q -v ON_ERROR_STOP=1 --no-password \
 		--username "$POSTGRES_USER" --dbname postgres \
 		--set repl_user="$REPLICATION_USER" 2>&1 >/dev/null

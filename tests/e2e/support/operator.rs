@@ -128,6 +128,10 @@ impl OperatorProcess {
                 "--restore-probe-seconds",
                 "15",
             ])
+            // As the chart runs it: every PostgreSQL pod gets the instance agent (kwok pods run
+            // nothing, so no agent reports and the primary stays pod 0), and the operator creates
+            // the agents' ServiceAccount, Role, RoleBinding and Lease under the chart's RBAC.
+            .args(["--instance-image", "localhost/dbservice-operator:kwok"])
             .args(&options.extra_arguments)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,dbservice_operator=debug,kube_runtime=warn")

@@ -1,0 +1,276 @@
+//! The agent's [`ControlPlane`] in Kubernetes: the operator's wishes come from the DatabaseService
+//! status (`currentPrimary`, `targetPrimary`) and its fencing annotation, read from a watch of that
+//! one object (no periodic GET: a steady database costs the API nothing but lease renewals), the
+//! report goes into the
+//! pod annotation [`INSTANCE_REPORT_ANNOTATION`] (written only on change, by the agent), and the
+//! primary Lease `<name>-primary` is replaced with compare-and-swap on its resourceVersion.
+//!
+//! Every call has a short timeout and none is retried: a failed renewal simply counts towards the
+//! self-fencing deadline, which is the point.
+
+use super::{ControlPlane, ControlPlaneError, Desired, Upstream};
+use crate::api::DatabaseService;
+use crate::failover::lease::LeaseRecord;
+use crate::failover::{FailoverStatus, InstanceReport, INSTANCE_REPORT_ANNOTATION};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use serde_json::json;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// DatabaseService annotation listing instances a person fenced: `name-0,name-2`.
+pub const FENCED_ANNOTATION: &str = "dbservice.dev/fenced-instances";
+/// Lease annotation holding the [`LeaseRecord`] positions (JSON, without the holder, which is
+/// `spec.holderIdentity`).
+pub const LEASE_RECORD_ANNOTATION: &str = "dbservice.dev/primary";
+/// Field manager of the agent's writes.
+pub const AGENT_FIELD_MANAGER: &str = "dbservice-instance";
+
+/// Name of the primary Lease of database `name`.
+pub fn primary_lease_name(name: &str) -> String {
+    format!("{name}-primary")
+}
+
+/// Instances fenced by hand, from the DatabaseService annotation.
+pub fn fenced_instances(database: &DatabaseService) -> Vec<String> {
+    database
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(FENCED_ANNOTATION))
+        .map(|list| list.split(',').map(str::trim).filter(|name| !name.is_empty()).map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// What instance `me` should do, from the failover status: follow `currentPrimary` through its
+/// stable DNS name `<pod>.<domain>` once no change is in progress (during one, it follows nobody).
+pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain: &str, port: u16) -> Desired {
+    let settled = status.current_primary.is_some() && status.current_primary == status.target_primary;
+    let upstream = status
+        .current_primary
+        .as_ref()
+        .filter(|current| settled && current.as_str() != me)
+        .map(|current| Upstream { host: format!("{current}.{domain}"), port });
+    Desired { target_primary: status.target_primary.clone(), upstream, fenced: fenced.iter().any(|name| name == me) }
+}
+
+/// The Lease as a [`LeaseRecord`].
+pub fn lease_record(lease: &Lease) -> LeaseRecord {
+    let mut record: LeaseRecord = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(LEASE_RECORD_ANNOTATION))
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    record.holder =
+        lease.spec.as_ref().and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
+    record
+}
+
+/// `lease` rewritten to hold `record` (same resourceVersion: the replace is a compare-and-swap).
+pub fn with_record(mut lease: Lease, record: &LeaseRecord, duration: Duration) -> Lease {
+    let positions = LeaseRecord { holder: None, ..record.clone() };
+    let text = serde_json::to_string(&positions).expect("lease records serialize");
+    lease.metadata.annotations.get_or_insert_with(Default::default).insert(LEASE_RECORD_ANNOTATION.into(), text);
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    if spec.holder_identity != record.holder {
+        spec.acquire_time = record.holder.as_ref().map(|_| now.clone());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    spec.holder_identity = record.holder.clone();
+    spec.lease_duration_seconds = Some(duration.as_secs().max(1) as i32);
+    spec.renew_time = Some(now);
+    lease
+}
+
+/// Watches the one DatabaseService `name` (a metadata.name field selector, which RBAC
+/// resourceNames allow) and keeps its latest version in the returned channel.
+pub fn watch_database(api: Api<DatabaseService>, name: &str) -> watch::Receiver<Option<Arc<DatabaseService>>> {
+    let (sender, receiver) = watch::channel(None);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = watcher(api, config).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(database) | watcher::Event::InitApply(database)) => {
+                    sender.send_replace(Some(Arc::new(database)));
+                }
+                Ok(watcher::Event::Delete(_)) => {
+                    sender.send_replace(None);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "watching the DatabaseService"),
+            }
+            if sender.is_closed() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
+/// [`ControlPlane`] over the Kubernetes API.
+pub struct KubeControlPlane {
+    database_watch: watch::Receiver<Option<Arc<DatabaseService>>>,
+    pods: Api<Pod>,
+    leases: Api<Lease>,
+    database: String,
+    pod: String,
+    domain: String,
+    port: u16,
+    lease_duration: Duration,
+    call_timeout: Duration,
+    /// The Lease as last read: a write right after a read (the agent's pattern) needs no second GET.
+    last_lease: std::sync::Mutex<Option<Lease>>,
+}
+
+impl KubeControlPlane {
+    /// The control plane of instance `pod` of database `database` in `namespace`. `watch_client`
+    /// serves the long-running watch (its read timeout must exceed the watch's own, 290 s);
+    /// `client` every other call, each bounded by `call_timeout`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        watch_client: Client,
+        namespace: &str,
+        database: &str,
+        pod: &str,
+        port: u16,
+        lease_duration: Duration,
+        call_timeout: Duration,
+    ) -> Self {
+        KubeControlPlane {
+            database_watch: watch_database(Api::namespaced(watch_client, namespace), database),
+            pods: Api::namespaced(client.clone(), namespace),
+            leases: Api::namespaced(client, namespace),
+            database: database.into(),
+            pod: pod.into(),
+            domain: format!("{}.{namespace}.svc", crate::controller::names::ChildNames::headless_service(database)),
+            port,
+            lease_duration,
+            call_timeout,
+            last_lease: std::sync::Mutex::new(None),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ControlPlaneError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result.map_err(|error| ControlPlaneError(format!("{what}: {error}"))),
+            Err(_) => Err(ControlPlaneError(format!("{what}: timed out after {:?}", self.call_timeout))),
+        }
+    }
+
+    async fn lease(&self) -> Result<Lease, ControlPlaneError> {
+        let lease =
+            self.bounded("read the primary lease", self.leases.get(&primary_lease_name(&self.database))).await?;
+        *self.last_lease.lock().expect("lease cache lock") = Some(lease.clone());
+        Ok(lease)
+    }
+}
+
+impl ControlPlane for KubeControlPlane {
+    async fn desired(&self) -> Result<Desired, ControlPlaneError> {
+        let database = self.database_watch.borrow().clone();
+        let database =
+            database.ok_or_else(|| ControlPlaneError(format!("DatabaseService {} not seen yet", self.database)))?;
+        let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
+        Ok(desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port))
+    }
+
+    async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
+        let text = serde_json::to_string(report).expect("reports serialize");
+        let patch = Patch::Merge(json!({"metadata": {"annotations": {INSTANCE_REPORT_ANNOTATION: text}}}));
+        let params = PatchParams { field_manager: Some(AGENT_FIELD_MANAGER.into()), ..Default::default() };
+        self.bounded("publish the report", self.pods.patch(&self.pod, &params, &patch)).await?;
+        Ok(())
+    }
+
+    async fn read_lease(&self) -> Result<(LeaseRecord, String), ControlPlaneError> {
+        let lease = self.lease().await?;
+        Ok((lease_record(&lease), lease.metadata.resource_version.clone().unwrap_or_default()))
+    }
+
+    async fn write_lease(&self, version: &str, record: &LeaseRecord) -> Result<Option<String>, ControlPlaneError> {
+        let cached = self.last_lease.lock().expect("lease cache lock").take();
+        let mut lease = match cached.filter(|lease| lease.metadata.resource_version.as_deref() == Some(version)) {
+            Some(lease) => lease,
+            None => self.lease().await?,
+        };
+        if lease.metadata.resource_version.as_deref() != Some(version) {
+            return Ok(None);
+        }
+        lease.metadata.managed_fields = None;
+        let lease = with_record(lease, record, self.lease_duration);
+        let params = PostParams { field_manager: Some(AGENT_FIELD_MANAGER.into()), ..Default::default() };
+        let name = primary_lease_name(&self.database);
+        match tokio::time::timeout(self.call_timeout, self.leases.replace(&name, &params, &lease)).await {
+            Ok(Ok(written)) => Ok(Some(written.metadata.resource_version.unwrap_or_default())),
+            Ok(Err(kube::Error::Api(status))) if status.code == 409 => Ok(None),
+            Ok(Err(error)) => Err(ControlPlaneError(format!("write the primary lease: {error}"))),
+            Err(_) => {
+                Err(ControlPlaneError(format!("write the primary lease: timed out after {:?}", self.call_timeout)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(current: Option<&str>, target: Option<&str>) -> FailoverStatus {
+        FailoverStatus {
+            current_primary: current.map(String::from),
+            target_primary: target.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn standbys_follow_the_current_primary_only_when_settled() {
+        let domain = "db-headless.ns.svc";
+        let settled = desired_from(&status(Some("db-1"), Some("db-1")), &[], "db-0", domain, 5432);
+        assert_eq!(settled.upstream, Some(Upstream { host: "db-1.db-headless.ns.svc".into(), port: 5432 }));
+        assert_eq!(settled.target_primary.as_deref(), Some("db-1"));
+        assert!(!settled.fenced);
+        let primary = desired_from(&status(Some("db-1"), Some("db-1")), &[], "db-1", domain, 5432);
+        assert_eq!(primary.upstream, None);
+        let pending = desired_from(&status(Some("db-1"), Some("pending")), &[], "db-0", domain, 5432);
+        assert_eq!(pending.upstream, None);
+        assert_eq!(pending.target_primary.as_deref(), Some("pending"));
+        let fresh = desired_from(&FailoverStatus::default(), &["db-0".into()], "db-0", domain, 5432);
+        assert_eq!(fresh, Desired { target_primary: None, upstream: None, fenced: true });
+    }
+
+    #[test]
+    fn the_lease_record_round_trips_through_a_lease() {
+        let record = LeaseRecord {
+            holder: Some("db-0".into()),
+            primary_lsn: Some(crate::failover::Lsn(0x3000060)),
+            timeline: Some(2),
+            released_at_lsn: None,
+        };
+        let lease = with_record(Lease::default(), &record, Duration::from_secs(15));
+        assert_eq!(lease_record(&lease), record);
+        let spec = lease.spec.as_ref().unwrap();
+        assert_eq!(spec.lease_duration_seconds, Some(15));
+        assert!(spec.acquire_time.is_some());
+        let released = with_record(lease, &LeaseRecord { holder: None, ..record.clone() }, Duration::from_secs(15));
+        assert_eq!(lease_record(&released).holder, None);
+        assert_eq!(lease_record(&released).timeline, Some(2));
+        assert_eq!(lease_record(&Lease::default()), LeaseRecord::default());
+    }
+}

@@ -1,0 +1,144 @@
+//! The controller's failover step (pure): how pods, their agents' reports and the persisted
+//! status turn into the primary label, the status and the journal. The decision rules themselves
+//! are tabled in src/failover/tests.rs; this checks the mapping from what the controller observes.
+
+use chrono::{TimeZone, Utc};
+use dbservice_operator::api::{DatabaseService, DatabaseServiceStatus};
+use dbservice_operator::controller::failover::{decide_failover, FailoverOutcome};
+use dbservice_operator::controller::health::pod_health;
+use dbservice_operator::controller::journal::Journal;
+use dbservice_operator::failover::lease::LeaseRecord;
+use dbservice_operator::failover::{FailoverStatus, InstanceReport, Lsn, Role, INSTANCE_REPORT_ANNOTATION, PENDING};
+use k8s_openapi::api::core::v1::Pod;
+use std::sync::Arc;
+
+fn database(status: FailoverStatus) -> DatabaseService {
+    let mut database: DatabaseService = serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbservice.dev/v1",
+        "kind": "DatabaseService",
+        "metadata": {"name": "db", "namespace": "ns", "uid": "uid", "generation": 1},
+        "spec": {"version": "15.18", "storageSize": "1Gi", "databaseName": "app", "username": "app_user", "replicas": 2},
+    }))
+    .unwrap();
+    database.status = Some(DatabaseServiceStatus { failover: status, ..Default::default() });
+    database
+}
+
+fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceReport {
+    InstanceReport {
+        role,
+        timeline,
+        received_lsn: (role == Role::Standby).then_some(Lsn(0x3000000)),
+        replay_lsn: (role == Role::Standby).then_some(Lsn(0x3000000)),
+        wal_receiver: streaming,
+        postgres_ready: ready,
+        fenced: false,
+        disk_full: false,
+        shutdown_checkpoint_lsn: None,
+    }
+}
+
+fn pod(name: &str, ready: bool, report: Option<InstanceReport>) -> Arc<Pod> {
+    let annotations = report
+        .map(|report| serde_json::json!({INSTANCE_REPORT_ANNOTATION: serde_json::to_string(&report).unwrap()}))
+        .unwrap_or_else(|| serde_json::json!({}));
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "annotations": annotations,
+                         "creationTimestamp": "2026-12-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "postgres", "image": "postgres:15.18"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                       "containerStatuses": [{"name": "postgres", "ready": ready, "restartCount": 0, "image": "postgres:15.18", "imageID": ""}]},
+        }))
+        .unwrap(),
+    )
+}
+
+fn settled(primary: &str, timeline: Option<u32>) -> FailoverStatus {
+    FailoverStatus {
+        current_primary: Some(primary.into()),
+        target_primary: Some(primary.into()),
+        timeline,
+        ..Default::default()
+    }
+}
+
+fn run(
+    status: FailoverStatus,
+    pods: Vec<Arc<Pod>>,
+    lease: Option<LeaseRecord>,
+) -> (FailoverOutcome, DatabaseServiceStatus, Journal) {
+    let database = database(status);
+    let health: Vec<_> = pods.iter().map(|pod| pod_health(pod)).collect();
+    let mut status = database.status.clone().unwrap();
+    let mut journal = Journal::default();
+    let now = Utc.with_ymd_and_hms(2026, 12, 1, 0, 5, 0).unwrap();
+    let outcome = decide_failover(&database, &pods, &health, lease.as_ref(), &mut status, &mut journal, now);
+    (outcome, status, journal)
+}
+
+#[test]
+fn a_new_database_bootstraps_on_its_first_instance_and_a_starting_primary_is_not_failed_over() {
+    // Nothing reported yet (kwok pods, or agents still starting): db-0 is the primary.
+    let (outcome, status, journal) = run(FailoverStatus::default(), vec![pod("db-0", false, None)], None);
+    assert_eq!(outcome.primary.as_deref(), Some("db-0"));
+    assert_eq!(status.failover.current_primary.as_deref(), Some("db-0"));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-0"));
+    assert!(journal.is_empty() && !outcome.urgent);
+
+    // Its agent reports a primary that does not answer yet, its pod is not Ready: still no failover.
+    let starting = pod("db-0", false, Some(report(Role::Primary, false, false, 0)));
+    let (outcome, status, _) = run(settled("db-0", None), vec![starting], None);
+    assert_eq!(outcome.primary.as_deref(), Some("db-0"));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-0"));
+    assert_eq!(status.failover.timeline, None, "not engaged before the primary was healthy");
+
+    // Healthy once: failover engages (the timeline is recorded).
+    let healthy = pod("db-0", true, Some(report(Role::Primary, true, false, 1)));
+    let (_, status, _) = run(settled("db-0", None), vec![healthy], None);
+    assert_eq!(status.failover.timeline, Some(1));
+    assert_eq!(status.instances[0].role, "primary");
+}
+
+#[test]
+fn a_gone_primary_starts_a_failover_without_a_primary_label_and_releases_its_lease() {
+    let standby = pod("db-1", true, Some(report(Role::Standby, true, true, 1)));
+    let lease = LeaseRecord { holder: Some("db-0".into()), primary_lsn: Some(Lsn(0x3000100)), ..Default::default() };
+    let (outcome, status, journal) = run(settled("db-0", Some(1)), vec![standby.clone()], Some(lease));
+    assert_eq!(outcome.primary, None, "no pod behind Service db during a failover");
+    assert_eq!(outcome.release_lease_of.as_deref(), Some("db-0"));
+    assert!(outcome.urgent);
+    assert_eq!(status.failover.target_primary.as_deref(), Some(PENDING));
+    assert!(journal.reasons().contains(&"FailoverStarted"));
+    assert_eq!(status.instances.iter().find(|instance| instance.name == "db-1").unwrap().lag_bytes, Some(0x100));
+}
+
+#[test]
+fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
+    let mut status = settled("db-0", Some(1));
+    status.target_primary = Some("db-1".into());
+    status.transition = Some(dbservice_operator::failover::Transition {
+        kind: dbservice_operator::failover::TransitionKind::Switchover,
+        from: "db-0".into(),
+        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
+    });
+    let pods = vec![
+        pod("db-0", true, Some(report(Role::Primary, false, false, 1))),
+        pod("db-1", true, Some(report(Role::Primary, true, false, 2))),
+    ];
+    let (outcome, status, journal) = run(status, pods, None);
+    assert_eq!(outcome.primary.as_deref(), Some("db-1"));
+    assert_eq!(status.failover.current_primary.as_deref(), Some("db-1"));
+    assert_eq!(status.failover.timeline, Some(2));
+    assert!(journal.reasons().contains(&"SwitchoverCompleted"));
+    let entry = &journal.entries[0];
+    assert_eq!((entry.action.as_str(), entry.from.as_str(), entry.to.as_str()), ("Switchover", "db-0", "db-1"));
+    assert!(entry.outcome.contains("completed in 2.0s"), "{}", entry.outcome);
+}
+
+#[test]
+fn a_malformed_report_counts_as_none() {
+    let mut broken = (*pod("db-0", true, None)).clone();
+    broken.metadata.annotations = Some([(INSTANCE_REPORT_ANNOTATION.to_string(), "{not json".to_string())].into());
+    assert_eq!(dbservice_operator::controller::failover::report_of(&broken), None);
+}

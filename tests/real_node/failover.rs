@@ -1,0 +1,320 @@
+//! Failover, switchover and fencing on the real node (issue 11): real PostgreSQL in real pods, the
+//! instance agent in each of them, and a writer pod that commits through Service `<name>` the whole
+//! time and logs every acknowledged commit with its time. Each scenario prints its figures:
+//! `[figure] <scenario>: RTO <s> (failure to the first acknowledged commit after the outage), <n>
+//! acknowledged commits lost`, and ends with one primary behind the Service and the others streaming.
+//!
+//! Scenarios, in order, on one database of two instances: a planned switchover (annotation), the
+//! primary's pod deleted, PostgreSQL SIGKILLed inside the primary, PostgreSQL hung (SIGSTOP), and the
+//! primary's pod deleted with the operator's leader restarted in the middle of the failover.
+
+use crate::environment::{
+    admin_client, install_chart, lease_holder, operator_pods, operator_pods_lock, psql, real_database, real_namespace,
+    real_node_or_skip, wait_running, RealNode, Target,
+};
+use crate::support::operator::RELEASE_NAMESPACE;
+use crate::support::{eventually, kubectl};
+use dbservice_operator::api::DatabaseService;
+use dbservice_operator::failover::SWITCHOVER_ANNOTATION;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const DATABASE: &str = "ha";
+const WRITER: &str = "writer";
+/// How long a scenario may take to end in one primary and streaming standbys.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Commits through the Secret's uri (Service `ha`) in a loop; one line per attempt:
+/// `ack <id> <epoch seconds>` or `fail <id> <epoch seconds>`.
+const WRITER_SCRIPT: &str = r#"
+export PGCONNECT_TIMEOUT=2
+until psql "$DATABASE_URI" -X -q -c "create table if not exists acks (id bigint primary key, at double precision)"; do sleep 1; done
+echo ready
+i=0
+while :; do
+  i=$((i + 1))
+  if psql "$DATABASE_URI" -X -q -v ON_ERROR_STOP=1 -c "insert into acks values ($i, $EPOCHREALTIME)" >/dev/null 2>&1; then
+    echo "ack $i $EPOCHREALTIME"
+  else
+    echo "fail $i $EPOCHREALTIME"
+    sleep 0.2 2>/dev/null || :
+  fi
+done
+"#;
+
+fn epoch_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// One line of the writer's log.
+#[derive(Clone, Copy, Debug)]
+struct Attempt {
+    id: i64,
+    at: f64,
+    acknowledged: bool,
+}
+
+/// The writer's log so far (empty while its container starts).
+fn writer_log(namespace: &str) -> Vec<Attempt> {
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "logs", WRITER])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let acknowledged = match fields.next()? {
+                "ack" => true,
+                "fail" => false,
+                _ => return None,
+            };
+            Some(Attempt { acknowledged, id: fields.next()?.parse().ok()?, at: fields.next()?.parse().ok()? })
+        })
+        .collect()
+}
+
+async fn start_writer(client: &kube::Client, node: &RealNode, namespace: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": WRITER},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 999},
+            "containers": [{
+                "name": "writer",
+                "image": node.postgres_image,
+                "command": ["/bin/bash", "-c", WRITER_SCRIPT],
+                "env": [{"name": "DATABASE_URI", "valueFrom": {"secretKeyRef": {"name": format!("{DATABASE}-credentials"), "key": "uri"}}}],
+            }],
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.expect("writer pod created");
+    eventually("the writer committing", Duration::from_secs(120), || async {
+        (writer_log(namespace).iter().filter(|attempt| attempt.acknowledged).count() >= 20).then_some(())
+    })
+    .await;
+}
+
+/// The primary and standbys as the status shows them, once there is exactly one primary behind
+/// the Service (the only pod labelled primary) and every other instance streams from it.
+async fn settled(client: &kube::Client, namespace: &str, instances: usize) -> Option<String> {
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
+    let status = databases.get(DATABASE).await.ok()?.status?;
+    let primary = status.failover.current_primary.clone()?;
+    if status.failover.target_primary.as_ref() != Some(&primary) || status.instances.len() != instances {
+        return None;
+    }
+    let primaries: Vec<_> = status.instances.iter().filter(|instance| instance.role == "primary").collect();
+    let streaming = status
+        .instances
+        .iter()
+        .filter(|instance| instance.role == "standby" && instance.ready && instance.streaming)
+        .count();
+    if primaries.len() != 1 || primaries[0].name != primary || !primaries[0].ready || streaming != instances - 1 {
+        return None;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let labelled = pods.list(&ListParams::default().labels("dbservice.dev/role=primary")).await.ok()?;
+    let names: Vec<_> = labelled.items.iter().filter_map(|pod| pod.metadata.name.clone()).collect();
+    (names == [primary.clone()]).then_some(primary)
+}
+
+async fn wait_settled(client: &kube::Client, namespace: &str) -> String {
+    eventually("one primary behind the Service, the other instance streaming", SETTLE_TIMEOUT, || {
+        settled(client, namespace, 2)
+    })
+    .await
+}
+
+/// Figures of one scenario from the writer's log: the time from `failed_at` to the first
+/// acknowledged commit after the first failed attempt (0 when no attempt failed), the acknowledged
+/// commits since `since_id` missing from the table, and how many were acknowledged.
+async fn figures(
+    client: &kube::Client,
+    node: &RealNode,
+    namespace: &str,
+    scenario: &str,
+    failed_at: f64,
+    since_id: i64,
+) -> (f64, usize) {
+    // The outage is over once the writer has committed for a while after it.
+    let log = eventually("the writer committing again after the outage", Duration::from_secs(120), || async {
+        let log = writer_log(namespace);
+        let first_failure = log.iter().find(|attempt| attempt.at >= failed_at && !attempt.acknowledged);
+        let after = |from: f64| log.iter().filter(|attempt| attempt.acknowledged && attempt.at > from).count();
+        (after(first_failure.map_or(failed_at, |failure| failure.at)) >= 20).then_some(log)
+    })
+    .await;
+    let first_failure = log.iter().find(|attempt| attempt.at >= failed_at && !attempt.acknowledged).copied();
+    let rto = match first_failure {
+        None => 0.0,
+        Some(failure) => {
+            log.iter().find(|attempt| attempt.acknowledged && attempt.at > failure.at).expect("a commit after").at
+                - failed_at
+        }
+    };
+    let acknowledged: Vec<i64> =
+        log.iter().filter(|attempt| attempt.acknowledged && attempt.id >= since_id).map(|attempt| attempt.id).collect();
+    let sql = format!("select coalesce(string_agg(id::text, ','), '') from acks where id >= {since_id}");
+    let stored = eventually("the acknowledged commits read back", Duration::from_secs(120), || async {
+        psql(client, node, namespace, DATABASE, Target::Uri, &sql).await.ok()
+    })
+    .await;
+    let stored: BTreeSet<i64> = stored.trim().split(',').filter_map(|id| id.parse().ok()).collect();
+    let lost = acknowledged.iter().filter(|id| !stored.contains(id)).count();
+    let failed = log.iter().filter(|attempt| !attempt.acknowledged && attempt.at >= failed_at).count();
+    eprintln!(
+        "[figure] {scenario}: RTO {rto:.2} s (failure to the first acknowledged commit after the outage), \
+         {lost} of {} acknowledged commits lost, {failed} failed attempts",
+        acknowledged.len()
+    );
+    (rto, lost)
+}
+
+fn last_id(namespace: &str) -> i64 {
+    writer_log(namespace).last().map_or(0, |attempt| attempt.id)
+}
+
+fn exec_in(namespace: &str, pod: &str, script: &str) {
+    kubectl(&["-n", namespace, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c", script]);
+}
+
+/// SIGSTOPs the postmaster and every child of it: the whole server hangs, the agent does not.
+const HANG_POSTGRES: &str = r#"
+pid=$(head -n 1 "$PGDATA/postmaster.pid")
+kill -STOP "$pid"
+for stat in /proc/[0-9]*/stat; do
+  read -r child _ _ parent _ < "$stat" 2>/dev/null || continue
+  [ "$parent" = "$pid" ] && kill -STOP "$child"
+done
+true
+"#;
+
+#[tokio::test]
+async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
+    let Some(node) = real_node_or_skip("failover_switchover_and_fencing_keep_one_primary_under_a_writer") else {
+        return;
+    };
+    install_chart(node);
+    let client = admin_client().await;
+    let namespace = real_namespace(&client, "failover").await;
+    let ns = namespace.name.as_str();
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    databases.create(&PostParams::default(), &real_database(node, DATABASE, 2, "Delete")).await.unwrap();
+    let took = wait_running(&client, ns, DATABASE, 2, Duration::from_secs(300)).await;
+    eprintln!("[figure] DatabaseService with 2 instances (agents) Running in {:.1} s", took.as_secs_f64());
+    let first = wait_settled(&client, ns).await;
+    assert_eq!(first, format!("{DATABASE}-0"), "the first instance bootstraps the database");
+    start_writer(&client, node, ns).await;
+
+    // 1. Planned switchover by hand: the annotation names the standby.
+    let primary = wait_settled(&client, ns).await;
+    let target = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let since = last_id(ns);
+    let failed_at = epoch_now();
+    let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: target}}}));
+    databases.patch(DATABASE, &PatchParams::default(), &patch).await.unwrap();
+    let switched = eventually("the standby promoted", SETTLE_TIMEOUT, || async {
+        settled(&client, ns, 2).await.filter(|now| *now == target)
+    })
+    .await;
+    assert_eq!(switched, target);
+    let (rto, lost) = figures(&client, node, ns, "switchover by annotation", failed_at, since).await;
+    assert_eq!(lost, 0, "a switchover loses no acknowledged commit");
+    assert!(rto <= 30.0, "switchover took {rto:.1} s");
+    let database = databases.get(DATABASE).await.unwrap();
+    assert!(
+        !database.metadata.annotations.unwrap_or_default().contains_key(SWITCHOVER_ANNOTATION),
+        "the request is cleared once done"
+    );
+    let timeline = database.status.unwrap().failover.timeline.unwrap();
+    assert!(timeline >= 2, "a promotion starts a new timeline, got {timeline}");
+
+    // 2. The primary's pod is deleted.
+    let primary = wait_settled(&client, ns).await;
+    let since = last_id(ns);
+    let failed_at = epoch_now();
+    pods.delete(&primary, &DeleteParams::default()).await.unwrap();
+    let new_primary = eventually("a new primary", SETTLE_TIMEOUT, || async {
+        settled(&client, ns, 2).await.filter(|now| *now != primary)
+    })
+    .await;
+    figures(&client, node, ns, "primary pod deleted", failed_at, since).await;
+    assert_ne!(new_primary, primary);
+
+    // 3. PostgreSQL SIGKILLed inside the primary (its agent lives on).
+    let primary = wait_settled(&client, ns).await;
+    let since = last_id(ns);
+    let failed_at = epoch_now();
+    let postmaster = |pod: &str| {
+        let output = std::process::Command::new(crate::support::tool("kubectl"))
+            .args(["-n", ns, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c"])
+            .arg(r#"head -n 1 "$PGDATA/postmaster.pid""#)
+            .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    let killed = postmaster(&primary);
+    assert!(!killed.is_empty(), "the primary's postmaster runs");
+    exec_in(ns, &primary, r#"kill -KILL "$(head -n 1 "$PGDATA/postmaster.pid")""#);
+    let after = wait_settled(&client, ns).await;
+    let (rto, _) = figures(&client, node, ns, "PostgreSQL killed in the primary", failed_at, since).await;
+    let replaced = eventually("a new postmaster on the killed instance", SETTLE_TIMEOUT, || async {
+        let now = postmaster(&primary);
+        (!now.is_empty() && now != killed).then_some(now)
+    })
+    .await;
+    eprintln!(
+        "[figure] PostgreSQL killed in the primary: postmaster {killed} replaced by {replaced}; primary now {after} \
+         ({}), RTO {rto:.2} s",
+        if after == primary { "restarted in place by its agent" } else { "failed over" }
+    );
+
+    // 4. PostgreSQL hangs (SIGSTOP): the agent fences it and the standby takes over.
+    let primary = wait_settled(&client, ns).await;
+    let since = last_id(ns);
+    let failed_at = epoch_now();
+    exec_in(ns, &primary, HANG_POSTGRES);
+    let new_primary = eventually("a new primary after the hang", SETTLE_TIMEOUT, || async {
+        settled(&client, ns, 2).await.filter(|now| *now != primary)
+    })
+    .await;
+    let (rto, _) = figures(&client, node, ns, "PostgreSQL hung in the primary", failed_at, since).await;
+    assert_ne!(new_primary, primary);
+    assert!(rto <= 60.0, "a hung primary was replaced after {rto:.1} s");
+
+    // 5. The primary's pod is deleted and the operator's leader restarts in the middle.
+    let _operator_pods_move = operator_pods_lock().write().await;
+    let primary = wait_settled(&client, ns).await;
+    let since = last_id(ns);
+    let failed_at = epoch_now();
+    let leader = lease_holder();
+    pods.delete(&primary, &DeleteParams::default()).await.unwrap();
+    kubectl(&["-n", RELEASE_NAMESPACE, "delete", "pod", &leader, "--wait=false"]);
+    let new_primary = eventually("a new primary under a new operator leader", SETTLE_TIMEOUT, || async {
+        settled(&client, ns, 2).await.filter(|now| *now != primary)
+    })
+    .await;
+    figures(&client, node, ns, "primary pod deleted + operator leader restarted", failed_at, since).await;
+    assert_ne!(new_primary, primary);
+    eventually("2 operator pods again", Duration::from_secs(180), || async {
+        (operator_pods().len() == 2).then_some(())
+    })
+    .await;
+
+    // The ledger records every change with its timing.
+    let ledger = kubectl(&["-n", ns, "get", "configmap", &format!("{DATABASE}-ledger"), "-o", "json"]);
+    assert!(ledger.contains("Switchover"), "ledger: {ledger}");
+    assert!(ledger.contains("Failover"), "ledger: {ledger}");
+    let events = kubectl(&["-n", ns, "get", "events", "-o", "json"]);
+    assert!(events.contains("SwitchoverCompleted") && events.contains("FailoverCompleted"));
+    let _ = pods.delete(WRITER, &DeleteParams::default()).await;
+}
