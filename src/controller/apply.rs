@@ -15,7 +15,7 @@ use crate::failover::SWITCHOVER_ANNOTATION;
 use crate::instance::kubernetes::{lease_record, primary_lease_name, with_record};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -70,23 +70,46 @@ pub async fn apply(
             return Ok(());
         }
     }
+    // The scripts, the Services and the agents' access do not depend on each other: written at
+    // once, a first pass waits for one round trip instead of one per object. The StatefulSet
+    // comes after them, since its pods mount the scripts and run as the agents' account.
     let config_maps = Api::namespaced(client.clone(), &namespace);
-    let (outcome, version) = apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context).await?;
-    context.expectations.expect(&key, "ConfigMap", &scripts.name_any(), version);
-    note_applied(decision, &scripts, outcome, generation, now);
     let services_api = Api::namespaced(client.clone(), &namespace);
-    for service in &services {
-        let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
-        let (outcome, version) = apply_object(&services_api, service, live, context).await?;
-        context.expectations.expect(&key, "Service", &service.name_any(), version);
-        note_applied(decision, service, outcome, generation, now);
-    }
-    if let Some(access) = &instance_access {
+    let access_needed = instance_access.as_ref().filter(|_| {
         // Written with the StatefulSet (they change together: created with it, or for a new
-        // operator version), before it, since its pods need the account; never in a steady pass.
-        if !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set)) {
-            apply_access(&namespace, access, context).await?;
+        // operator version); never in a steady pass.
+        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set))
+    });
+    let (scripts_applied, services_applied, access_applied) = tokio::join!(
+        apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context),
+        futures::future::join_all(services.iter().map(|service| {
+            let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
+            apply_object(&services_api, service, live, context)
+        })),
+        async {
+            match access_needed {
+                Some(access) => apply_access(&namespace, access, context).await,
+                None => Ok(()),
+            }
+        },
+    );
+    // What was written is recorded before any failure is returned (see reconcile's publish_applied).
+    let mut first_error = None;
+    let written = std::iter::once((&scripts as &dyn AppliedChild, scripts_applied))
+        .chain(services.iter().map(|service| service as &dyn AppliedChild).zip(services_applied));
+    for (child, applied) in written {
+        match applied {
+            Ok((outcome, version)) => {
+                context.expectations.expect(&key, child.kind(), &child.name(), version);
+                child.note(decision, outcome, generation, now);
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
         }
+    }
+    if let Some(error) = first_error.or(access_applied.err()) {
+        return Err(error);
     }
     let stateful_sets = Api::namespaced(client.clone(), &namespace);
     let (outcome, version) =
@@ -107,6 +130,38 @@ pub async fn apply(
     Ok(())
 }
 
+/// A child written in the concurrent step of [`apply`]: its kind for the expectations and its
+/// note in the journal.
+trait AppliedChild {
+    fn kind(&self) -> &'static str;
+    fn name(&self) -> String;
+    fn note(&self, decision: &mut Decision, outcome: ApplyOutcome, generation: i64, now: DateTime<Utc>);
+}
+
+impl AppliedChild for ConfigMap {
+    fn kind(&self) -> &'static str {
+        "ConfigMap"
+    }
+    fn name(&self) -> String {
+        self.name_any()
+    }
+    fn note(&self, decision: &mut Decision, outcome: ApplyOutcome, generation: i64, now: DateTime<Utc>) {
+        note_applied(decision, self, outcome, generation, now);
+    }
+}
+
+impl AppliedChild for Service {
+    fn kind(&self) -> &'static str {
+        "Service"
+    }
+    fn name(&self) -> String {
+        self.name_any()
+    }
+    fn note(&self, decision: &mut Decision, outcome: ApplyOutcome, generation: i64, now: DateTime<Utc>) {
+        note_applied(decision, self, outcome, generation, now);
+    }
+}
+
 /// Server-side apply of an object the controller does not cache (written only with the StatefulSet).
 async fn server_side_apply<K>(api: &Api<K>, object: &K, context: &PassContext) -> Result<(), kube::Error>
 where
@@ -125,10 +180,19 @@ where
 /// Lease's holder is never touched by the operator's apply).
 async fn apply_access(namespace: &str, access: &InstanceAccess, context: &PassContext) -> Result<(), kube::Error> {
     let client = &context.shared.client;
-    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.service_account, context).await?;
-    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role, context).await?;
-    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role_binding, context).await?;
-    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.lease, context).await
+    let (accounts, roles, leases) = (
+        Api::namespaced(client.clone(), namespace),
+        Api::namespaced(client.clone(), namespace),
+        Api::namespaced(client.clone(), namespace),
+    );
+    tokio::try_join!(
+        server_side_apply(&accounts, &access.service_account, context),
+        server_side_apply(&roles, &access.role, context),
+        server_side_apply(&leases, &access.lease, context),
+    )?;
+    // After the Role: binding a Role the operator may not bind is allowed only once the apiserver
+    // can see that the operator holds every right in it.
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role_binding, context).await
 }
 
 /// Releases the primary Lease held by `instance`, whose pod is gone (the kubelet confirmed that its
