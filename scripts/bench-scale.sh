@@ -85,6 +85,8 @@ current-context: local
 KUBECONFIG
 umask 022
 
+# --instance-image as the chart sets it: each database also gets its agents' ServiceAccount, Role,
+# RoleBinding and primary Lease (kwok's pods never run the agent, so the primary stays pod 0).
 step "starting the operator (log: $work/operator.log)"
 extra=()
 [ -n "${CONCURRENCY:-}" ] && extra+=(--concurrency "$CONCURRENCY")
@@ -92,6 +94,7 @@ KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn "$binary" run \
   --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
   --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
   --namespace "$release_namespace" --identity bench --lease-name dbservice-operator-leader \
+  --instance-image localhost/dbservice-operator:bench \
   "${extra[@]}" > "$work/operator.log" 2>&1 &
 operator_pid=$!
 for _ in $(seq 300); do
