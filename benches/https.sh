@@ -5,6 +5,8 @@
 #
 #   benches/https.sh                    # saturation with wrk, then a fixed 2,000 req/s with vegeta
 #   RATE=1000 DURATION=30 benches/https.sh
+#   PIN=1 benches/https.sh              # server on CPU 0, load tools on CPU 1 (as the apiserver runs
+#                                       # on other cores than the webhook), so neither steals the other's
 #
 # Needs wrk (Debian package `wrk`) and vegeta (go install github.com/tsenart/vegeta/v12@v12.12.0).
 # Prints requests/s, p50/p99/p99.9 and the server's peak RSS (VmHWM) for each scenario.
@@ -81,12 +83,17 @@ EOF
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 PROBE=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BINARY" webhook --listen "127.0.0.1:$PORT" --probe-listen "127.0.0.1:$PROBE" \
+# PIN=1: the server on CPU 0 and the load tools on CPU 1, so the tool's own CPU use does not
+# show up as server latency (in a cluster the apiserver calling us runs elsewhere).
+SERVER_CPUS=()
+TOOL_CPUS=()
+if [[ ${PIN:-0} == 1 ]]; then SERVER_CPUS=(taskset -c 0); TOOL_CPUS=(taskset -c 1); fi
+"${SERVER_CPUS[@]}" "$BINARY" webhook --listen "127.0.0.1:$PORT" --probe-listen "127.0.0.1:$PROBE" \
     --tls-cert "$WORK/certs/tls.crt" --tls-key "$WORK/certs/tls.key" --log-format json >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$PROBE/readyz" >/dev/null && break; sleep 0.1; done
 
-echo "load average before: $(cut -d" " -f1-3 /proc/loadavg) on $(nproc) cores"
+echo "load average before: $(cut -d" " -f1-3 /proc/loadavg) on $(nproc) cores${PIN:+, pinned (PIN=$PIN)}"
 peak_rss() { awk '/VmHWM/ {printf "%.1f MiB", $2/1024}' "/proc/$SERVER_PID/status"; }
 
 for path in validate mutate; do
@@ -102,12 +109,12 @@ done = function(summary, latency, requests)
     latency:percentile(99.9) / 1000, summary.errors.status + summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
 end
 EOF
-    wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/$path.lua" "https://127.0.0.1:$PORT/$path" | grep '^wrk saturation'
+    "${TOOL_CPUS[@]}" wrk -t2 -c"$CONNECTIONS" -d"${DURATION}s" -s "$WORK/$path.lua" "https://127.0.0.1:$PORT/$path" | grep '^wrk saturation'
     echo "  server peak RSS so far: $(peak_rss)"
     printf 'POST https://127.0.0.1:%s/%s\nContent-Type: application/json\n@%s\n' "$PORT" "$path" "$WORK/$path.json" >"$WORK/$path.target"
     # A bounded pool of keep-alive connections, like the apiserver's transport: without a cap vegeta
     # opens new connections (TLS handshakes) whenever a response is late, which is not what is measured.
-    "$VEGETA" attack -rate="$RATE" -duration="${DURATION}s" -keepalive -workers="$CONNECTIONS" -max-workers="$CONNECTIONS" -root-certs "$WORK/certs/ca.crt" \
+    "${TOOL_CPUS[@]}" "$VEGETA" attack -rate="$RATE" -duration="${DURATION}s" -keepalive -workers="$CONNECTIONS" -max-workers="$CONNECTIONS" -root-certs "$WORK/certs/ca.crt" \
         -targets "$WORK/$path.target" >"$WORK/$path.bin"
     "$VEGETA" report -type=json <"$WORK/$path.bin" | python3 -c '
 import json, sys
