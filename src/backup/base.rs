@@ -420,7 +420,7 @@ pub async fn take_backup(args: BaseBackupArgs) -> Result<BackupManifest, BaseBac
 /// after enforcing `--retention` when set, and writes it to `--summary-file` when set. A failed
 /// retention does not fail the command (the backup is stored): the summary carries its error.
 pub async fn backup_command(args: BaseBackupArgs) -> Result<(), BaseBackupError> {
-    let retention = args.retention.clone();
+    let retention = args.retention;
     let summary_file = args.summary_file.clone();
     let store = args.store.clone();
     let manifest = take_backup(args).await?;

@@ -177,7 +177,7 @@ pub fn validate_backup_spec(name: &str, spec: &DatabaseServiceSpec, errors: &mut
             ("spec.backup.failedBackupsHistoryLimit", backup.failed_backups_history_limit),
         ] {
             if let Some(limit) = limit.filter(|limit| !(1..=100).contains(limit)) {
-                errors.push(invalid(path, &limit.to_string(), "must be between 1 and 100"));
+                errors.push(invalid(path, limit, "must be between 1 and 100"));
             }
         }
     }
