@@ -102,12 +102,32 @@ async fn backup_objects_run_as_jobs_one_at_a_time_with_status_events_ledger_and_
         .filter(|variable| variable.name.contains("PASSWORD"))
         .all(|variable| variable.value.is_none()));
 
-    // Meanwhile the second one waits for it (it may see the first Running or already finished).
-    let (second_phase, second_message) =
-        eventually("the second backup's status", Duration::from_secs(30), || phase(&backups, "second")).await;
+    // One Job per database at a time: the second backup's Job is created only after the
+    // first Job finished.
+    let first_job_name = job.name_any();
+    let first_finished = eventually("the first Job to finish", Duration::from_secs(90), || async {
+        let job = jobs.get_opt(&first_job_name).await.ok()??;
+        let conditions = job.status?.conditions?;
+        let finished = conditions.into_iter().find(|condition| {
+            (condition.type_ == "Complete" || condition.type_ == "Failed") && condition.status == "True"
+        })?;
+        finished.last_transition_time.map(|time| time.0)
+    })
+    .await;
+    let second_uid = backups.get("second").await.unwrap().uid().unwrap();
+    let second_job = eventually("the second backup's Job", Duration::from_secs(90), || async {
+        jobs.list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|job| job.owner_references().iter().any(|owner| owner.uid == second_uid))
+    })
+    .await;
+    let second_created = second_job.creation_timestamp().unwrap().0;
     assert!(
-        second_phase != BackupPhase::Pending || second_message.contains("waiting for backup first"),
-        "{second_phase:?}: {second_message}"
+        second_created >= first_finished,
+        "second Job created at {second_created}, first finished at {first_finished}"
     );
 
     // kwok completes the Job's pod without a summary: the backup fails, saying so.
@@ -128,9 +148,8 @@ async fn backup_objects_run_as_jobs_one_at_a_time_with_status_events_ledger_and_
         backups.get_opt("first").await.ok()?.is_none().then_some(())
     })
     .await;
-    let job_name = job.name_any();
     eventually("the first backup's Job deleted with it", Duration::from_secs(60), || async {
-        jobs.get_opt(&job_name).await.ok()?.map_or(Some(()), |job| job.metadata.deletion_timestamp.map(|_| ()))
+        jobs.get_opt(&first_job_name).await.ok()?.map_or(Some(()), |job| job.metadata.deletion_timestamp.map(|_| ()))
     })
     .await;
     assert!(backups.get_opt("second").await.unwrap().is_some(), "the newest failed backup is kept");

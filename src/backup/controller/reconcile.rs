@@ -277,10 +277,19 @@ async fn start(
     }
     let database = database.expect("checked above");
     let others = backups_of(context, &namespace, &backup.spec.database_service);
-    if let Some(blocker) = blocking_backup(backup, &others) {
+    let ready = database.status.as_ref().map_or(0, |status| status.ready_replicas);
+    let waiting_for = match blocking_backup(backup, &others) {
+        Some(blocker) => Some(format!("waiting for backup {blocker} of the same database to finish")),
+        // Without a ready instance the Job could only fail.
+        None if ready < 1 => {
+            Some(format!("waiting for DatabaseService {} to have a ready instance", database.name_any()))
+        }
+        None => None,
+    };
+    if let Some(message) = waiting_for {
         let status = DatabaseServiceBackupStatus {
             phase: Some(BackupPhase::Pending),
-            message: Some(format!("waiting for backup {blocker} of the same database to finish")),
+            message: Some(message),
             ..Default::default()
         };
         write_status(backup, &status, context).await?;

@@ -100,7 +100,7 @@ fn controller(
         databases,
         jobs,
     });
-    // A DatabaseService that appears or changes wakes its waiting backups.
+    // A DatabaseService that appears or changes wakes its unfinished backups.
     let waiting = backups.clone();
     let controller = Controller::for_stream(backup_events, backups)
         .owns_stream(job_events)
@@ -108,7 +108,11 @@ fn controller(
             let namespace = database.namespace();
             let name = database.name_any();
             waiting
-                .state_filter(|backup| backup.namespace() == namespace && backup.spec.database_service == name)
+                .state_filter(|backup| {
+                    let finished =
+                        backup.status.as_ref().and_then(|status| status.phase).is_some_and(|phase| phase.is_terminal());
+                    !finished && backup.namespace() == namespace && backup.spec.database_service == name
+                })
                 .into_iter()
                 .map(|backup| ObjectRef::from_obj(backup.as_ref()))
                 .collect::<Vec<_>>()
