@@ -192,19 +192,27 @@ async fn trim_history(
     Ok(())
 }
 
-/// The DatabaseService of a backup from the cache; when it is not cached, `Err(true)` if it
-/// exists (another operator's, by label selector) and `Err(false)` if it does not.
+/// The DatabaseService a backup names, as this operator sees it.
+enum DatabaseLookup {
+    /// Cached: this operator manages it.
+    Managed(Arc<DatabaseService>),
+    /// It exists but another operator's label selector has it: not ours to touch.
+    Foreign,
+    /// It does not exist.
+    Missing,
+}
+
 async fn find_database(
     context: &BackupContext,
     namespace: &str,
     name: &str,
-) -> Result<Result<Arc<DatabaseService>, bool>, ReconcileBackupError> {
+) -> Result<DatabaseLookup, ReconcileBackupError> {
     if let Some(database) = context.databases.get(&ObjectRef::new(name).within(namespace)) {
-        return Ok(Ok(database));
+        return Ok(DatabaseLookup::Managed(database));
     }
     let api: Api<DatabaseService> = Api::namespaced(context.pass.shared.client.clone(), namespace);
     let exists = api.get_metadata_opt(name).await.map_err(api_error("look up the DatabaseService"))?.is_some();
-    Ok(Err(exists))
+    Ok(if exists { DatabaseLookup::Foreign } else { DatabaseLookup::Missing })
 }
 
 /// The reconciliation of one backup object.
@@ -216,10 +224,9 @@ pub async fn reconcile_backup(
     let database_name = backup.spec.database_service.clone();
     let phase = phase_of(backup);
     let database = match find_database(context, &namespace, &database_name).await? {
-        Ok(database) => Some(database),
-        // Selected by another operator (label selector): not ours to touch.
-        Err(true) => return Ok(Action::await_change()),
-        Err(false) => None,
+        DatabaseLookup::Managed(database) => Some(database),
+        DatabaseLookup::Foreign => return Ok(Action::await_change()),
+        DatabaseLookup::Missing => None,
     };
     if phase.is_some_and(BackupPhase::is_terminal) {
         trim_history(context, &namespace, &database_name, database.as_deref()).await?;
