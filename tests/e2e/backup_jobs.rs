@@ -20,7 +20,8 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 use std::time::Duration;
 
-const INSTANCE_IMAGE: &str = "localhost/dbservice-operator:e2e";
+/// The operator image every test operator is started with (support/operator.rs).
+const INSTANCE_IMAGE: &str = "localhost/dbservice-operator:kwok";
 
 fn isolated_operator(namespace: &str) -> OperatorProcess {
     crate::support::leader::grant_lease_rights(namespace);
@@ -32,7 +33,7 @@ fn isolated_operator(namespace: &str) -> OperatorProcess {
         watch_namespace: namespace.into(),
         selector: format!("{ISOLATION_LABEL}={namespace}"),
         lease_name: CHART_LEASE.into(),
-        extra_arguments: vec!["--instance-image".into(), INSTANCE_IMAGE.into()],
+        extra_arguments: vec![],
     };
     OperatorProcess::start(&options, &service_account_kubeconfig(&work), &shared().certificates, free_port())
 }

@@ -6,7 +6,7 @@
 use super::api::{BackupTarget, DatabaseServiceBackup};
 use crate::api::DatabaseService;
 use crate::backup::pod::{add_archiving, BINARY_DIRECTORY};
-use crate::controller::build::POSTGRES_PORT;
+use crate::controller::build::{AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY, POSTGRES_PORT};
 use crate::controller::names::{ChildNames, MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -122,6 +122,15 @@ pub fn backup_job(
     if let Some(retention) = &spec.retention_policy {
         environment.push(plain("DBSERVICE_BACKUP_RETENTION", retention));
     }
+    let restricted = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    };
+    let binary_mount =
+        VolumeMount { name: AGENT_VOLUME.into(), mount_path: BINARY_DIRECTORY.into(), ..Default::default() };
     let container = Container {
         name: BACKUP_CONTAINER.into(),
         image: Some(database.spec.image_or_default()),
@@ -130,17 +139,24 @@ pub fn backup_job(
         termination_message_path: Some(TERMINATION_LOG.into()),
         // On failure without a summary, the end of the log is the message.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
-        volume_mounts: Some(vec![VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() }]),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-            ..Default::default()
-        }),
+        volume_mounts: Some(vec![
+            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+            VolumeMount { read_only: Some(true), ..binary_mount.clone() },
+        ]),
+        security_context: Some(restricted.clone()),
+        ..Default::default()
+    };
+    // The same init container as the PostgreSQL pods: it copies our binary into the emptyDir.
+    let install = Container {
+        name: AGENT_INIT_CONTAINER.into(),
+        image: Some(instance_image.into()),
+        command: Some(vec![OPERATOR_BINARY.into(), "install-binary".into(), BINARY_DIRECTORY.into()]),
+        volume_mounts: Some(vec![binary_mount]),
+        security_context: Some(restricted),
         ..Default::default()
     };
     let mut pod = PodSpec {
+        init_containers: Some(vec![install]),
         containers: vec![container],
         restart_policy: Some("Never".into()),
         automount_service_account_token: Some(false),
@@ -152,12 +168,15 @@ pub fn backup_job(
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
             ..Default::default()
         }),
-        volumes: Some(vec![Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() }]),
+        volumes: Some(vec![
+            Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
+            Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
+        ]),
         ..Default::default()
     };
-    // The same init container, binary volume, store settings, CA and credential references as
-    // archiving, minus the settings only the PostgreSQL entrypoint reads.
-    add_archiving(&mut pod, database, instance_image);
+    // The same store settings, CA and credential references as archiving, minus the settings
+    // only the PostgreSQL entrypoint reads.
+    add_archiving(&mut pod, database);
     if let Some(environment) = pod.containers[0].env.as_mut() {
         environment.retain(|variable| !variable.name.starts_with("DBSERVICE_ARCHIVE_"));
     }
@@ -166,7 +185,7 @@ pub fn backup_job(
         metadata: ObjectMeta {
             name: Some(job_name(backup)),
             namespace: Some(namespace),
-            labels: Some(labels.clone()),
+            labels: Some(labels),
             owner_references: backup.controller_owner_ref(&()).map(|reference| vec![reference]),
             ..Default::default()
         },

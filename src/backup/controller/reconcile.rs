@@ -302,7 +302,8 @@ async fn start(
         write_status(backup, &status, context).await?;
         return Ok(Action::requeue(PENDING_RECHECK));
     }
-    let job = match backup_job(backup, database, &context.pass.shared.settings.instance_image) {
+    let instance_image = context.pass.shared.settings.instance_image.as_deref().unwrap_or_default();
+    let job = match backup_job(backup, database, instance_image) {
         Ok(job) => job,
         Err(error) => {
             let status = fail(error.to_string());
