@@ -6,6 +6,7 @@
 //! only while this process leads ([`run_while_leader`]).
 
 pub mod api;
+pub mod context;
 pub mod history;
 pub mod job;
 pub mod reconcile;
@@ -14,7 +15,8 @@ pub mod scheduling;
 pub mod status;
 mod wiring;
 
-pub use wiring::{run_while_leader, BackupContext};
+pub use context::BackupContext;
+pub use wiring::run_while_leader;
 
 /// What the backup controller and the scheduler do to each resource (API group, resource,
 /// verbs); the chart's RBAC grants exactly this (tests/rbac.rs).

@@ -2,11 +2,11 @@
 //! Job, fill the status from its summary, tell (events, ledger) and trim the history.
 
 use super::api::{BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupStatus};
+use super::context::BackupContext;
 use super::history::{history_to_delete, HistoryEntry};
 use super::job::{backup_job, is_job_of, job_name};
 use super::scheduler::scheduled_at;
 use super::status::{finished_status, job_outcome, termination_message, JobOutcome};
-use super::wiring::BackupContext;
 use crate::api::{DatabaseService, FIELD_MANAGER};
 use crate::backup::spec::{DEFAULT_FAILED_BACKUPS_HISTORY_LIMIT, DEFAULT_SUCCESSFUL_BACKUPS_HISTORY_LIMIT};
 use crate::controller::ledger::LedgerEntry;

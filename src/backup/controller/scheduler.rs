@@ -3,9 +3,9 @@
 //! object's name is derived from the cron time, so replicas and retries never double a run.
 
 use super::api::{BackupTarget, DatabaseServiceBackup, DatabaseServiceBackupSpec};
+use super::context::BackupContext;
 use super::job::DATABASE_LABEL;
 use super::scheduling::{due_run, scheduled_backup_name};
-use super::wiring::BackupContext;
 use crate::api::{DatabaseService, FIELD_MANAGER};
 use crate::backup::schedule::Schedule;
 use crate::controller::names::{owner_reference, MANAGED_BY, MANAGED_BY_LABEL};

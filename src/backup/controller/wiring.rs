@@ -3,6 +3,7 @@
 //! while this process leads and write only through the leader-gated client.
 
 use super::api::DatabaseServiceBackup;
+use super::context::BackupContext;
 use super::job::BACKUP_JOB_SELECTOR;
 use super::reconcile::{reconcile_backup, ReconcileBackupError};
 use super::scheduler::run_scheduler;
@@ -14,7 +15,7 @@ use crate::controller::Context;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::reflector::{self, reflector, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -26,19 +27,6 @@ use tokio::sync::watch;
 const LIST_PAGE_SIZE: u32 = 50;
 /// Backups reconciled at once.
 const CONCURRENCY: u16 = 4;
-
-/// What every backup pass shares.
-pub struct BackupContext {
-    /// The DatabaseService controller's shared state with a term's leadership signal (the ledger
-    /// helpers take it; its caches are empty, nothing here reads them).
-    pub pass: PassContext,
-    /// Backup objects.
-    pub backups: Store<DatabaseServiceBackup>,
-    /// The DatabaseServices this operator manages (same namespace and label selector).
-    pub databases: Store<DatabaseService>,
-    /// Backup Jobs.
-    pub jobs: Store<Job>,
-}
 
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
