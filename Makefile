@@ -8,6 +8,7 @@ CARGO ?= cargo
 CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
+BACKUP_CRD_FILE := charts/dbservice-operator/files/backup-crd-spec.yaml
 
 .PHONY: help build image test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
 
@@ -55,6 +56,8 @@ lint-docker: ## hadolint the Dockerfile
 crd: ## regenerate the chart's CRD spec (files/crd-spec.yaml) from the Rust types (tests/crd_sync.rs checks it)
 	$(CARGO) run -q -- crd --spec-only > $(CRD_FILE).tmp
 	mv $(CRD_FILE).tmp $(CRD_FILE)
+	$(CARGO) run -q -- crd --spec-only --kind backup > $(BACKUP_CRD_FILE).tmp
+	mv $(BACKUP_CRD_FILE).tmp $(BACKUP_CRD_FILE)
 
 bench-scale: cluster-build ## N DatabaseServices (N=1000) on a separate local control plane (.cluster-bench): time to Running, RSS, CPU, requests
 	N=$${N:-1000} scripts/bench-scale.sh

@@ -271,6 +271,18 @@ pub struct CrdArgs {
     /// Print only the CRD's .spec (what the Helm chart embeds).
     #[arg(long, env = "DBSERVICE_CRD_SPEC_ONLY", default_value_t = false)]
     pub spec_only: bool,
+    /// Which CRD: the DatabaseService's or the DatabaseServiceBackup's.
+    #[arg(long, env = "DBSERVICE_CRD_KIND", value_enum, default_value = "database-service")]
+    pub kind: CrdKind,
+}
+
+/// The CRDs the operator defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrdKind {
+    /// DatabaseService.
+    DatabaseService,
+    /// DatabaseServiceBackup.
+    Backup,
 }
 
 /// Flags of `certs`.

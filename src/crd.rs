@@ -55,7 +55,7 @@ const CONDITION_MESSAGE_MAX_LENGTH: u64 = 32768;
 /// Adds maxLength to every string, maxItems to every list and maxProperties to every map of
 /// the schema that has none. int-or-string nodes (quantities) have no `type` and are left as
 /// they are: a structural schema allows no string validation on them.
-fn cap_sizes(schema: &mut Value) {
+pub(crate) fn cap_sizes(schema: &mut Value) {
     let Value::Object(node) = schema else {
         return;
     };
@@ -87,7 +87,7 @@ fn cap_sizes(schema: &mut Value) {
     }
 }
 
-fn strip_nulls(value: &mut Value) {
+pub(crate) fn strip_nulls(value: &mut Value) {
     if let Value::Object(map) = value {
         map.retain(|_, child| !child.is_null());
         map.values_mut().for_each(strip_nulls);

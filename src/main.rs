@@ -23,7 +23,17 @@ async fn main() {
             run::webhook(args).await
         }
         Some(Command::Crd(args)) => {
-            print!("{}", if args.spec_only { crd::crd_spec_yaml() } else { crd::crd_yaml() });
+            use dbservice_operator::backup::controller::api as backup_api;
+            use dbservice_operator::cli::CrdKind;
+            print!(
+                "{}",
+                match (args.kind, args.spec_only) {
+                    (CrdKind::DatabaseService, true) => crd::crd_spec_yaml(),
+                    (CrdKind::DatabaseService, false) => crd::crd_yaml(),
+                    (CrdKind::Backup, true) => backup_api::crd_spec_yaml(),
+                    (CrdKind::Backup, false) => backup_api::crd_yaml(),
+                }
+            );
             Ok(())
         }
         Some(Command::Certs(args)) => run::certs(args),

@@ -191,3 +191,61 @@ fn crd_leaves_field_syntax_to_the_webhook_and_caps_lengths() {
         assert_eq!(properties[field]["minLength"], 1, "{field}");
     }
 }
+
+const CHART_BACKUP_CRD_SPEC: &str = "charts/dbservice-operator/files/backup-crd-spec.yaml";
+
+/// The backup CRD in the chart is generated too, and `make crd` regenerates it.
+#[test]
+fn chart_backup_crd_spec_is_generated_from_the_rust_types() {
+    use dbservice_operator::backup::controller::api::crd_spec_yaml as backup_crd_spec_yaml;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_BACKUP_CRD_SPEC);
+    let in_chart = std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("cannot read {CHART_BACKUP_CRD_SPEC} ({error}); run `make crd`"));
+    assert!(
+        in_chart == backup_crd_spec_yaml(),
+        "{CHART_BACKUP_CRD_SPEC} is out of date with src/backup/controller/api.rs; regenerate it with `make crd`"
+    );
+    let makefile = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Makefile")).unwrap();
+    assert!(
+        makefile.contains("crd --spec-only --kind backup > $(BACKUP_CRD_FILE)"),
+        "`make crd` does not write the backup CRD"
+    );
+    assert!(makefile.contains(&format!("BACKUP_CRD_FILE := {CHART_BACKUP_CRD_SPEC}")));
+}
+
+/// Names, scope, status subresource, printer columns, the immutable spec and the size caps of
+/// the backup CRD.
+#[test]
+fn backup_crd_names_status_columns_and_rules() {
+    use dbservice_operator::backup::controller::api::custom_resource_definition;
+    let crd = serde_json::to_value(custom_resource_definition()).unwrap();
+    assert_eq!(crd["metadata"]["name"], "databaseservicebackups.dbservice.dev");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["kind"], "DatabaseServiceBackup");
+    assert_eq!(crd["spec"]["names"]["shortNames"], serde_json::json!(["dbsbackup"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1");
+    assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|column| column["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["Database", "Phase", "Backup", "Age"]);
+    let schema = &version["schema"]["openAPIV3Schema"]["properties"];
+    assert_eq!(rules(&schema["spec"]["x-kubernetes-validations"]), vec!["self == oldSelf".to_string()]);
+    assert_eq!(schema["spec"]["required"], serde_json::json!(["databaseService"]));
+    assert_eq!(schema["spec"]["properties"]["target"]["enum"], serde_json::json!(["standby", "primary"]));
+    assert_eq!(
+        schema["status"]["properties"]["phase"]["enum"],
+        serde_json::json!(["Pending", "Running", "Completed", "Failed"])
+    );
+    for field in ["backupId", "beginWal", "endWal", "beginLsn", "endLsn", "startTime", "endTime", "message", "jobName"]
+    {
+        assert!(schema["status"]["properties"][field]["maxLength"].is_number(), "status.{field} is uncapped");
+    }
+    for field in ["timeline", "postgresMajorVersion", "sizeBytes"] {
+        assert_eq!(schema["status"]["properties"][field]["type"], "integer", "status.{field}");
+    }
+}

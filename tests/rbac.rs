@@ -84,3 +84,42 @@ fn the_chart_grants_every_child_kind_its_verbs_cluster_wide_or_in_the_watched_na
         );
     }
 }
+
+/// The backup controller's permissions ([`PERMISSIONS`]) are granted cluster-wide, or only in
+/// the watched namespace.
+#[test]
+fn the_chart_grants_the_backup_controller_its_permissions() {
+    use dbservice_operator::backup::controller::PERMISSIONS;
+    let Some(helm) = helm() else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "no helm (make cluster-build); CI=true forbids skipping"
+        );
+        eprintln!("skipping: no helm (run make cluster-build or set HELM)");
+        return;
+    };
+    let check = |documents: &[serde_json::Value], kind: &str, name: &str| {
+        let role = documents
+            .iter()
+            .find(|document| {
+                document["kind"].as_str() == Some(kind) && document["metadata"]["name"].as_str() == Some(name)
+            })
+            .unwrap_or_else(|| panic!("no {kind} {name}"));
+        let rules = role["rules"].as_array().expect("rules");
+        for (group, resource, verbs) in PERMISSIONS {
+            let granted: Vec<String> = rules
+                .iter()
+                .filter(|rule| strings(&rule["apiGroups"]).contains(&group.to_string()))
+                .filter(|rule| strings(&rule["resources"]).contains(&resource.to_string()))
+                .filter(|rule| rule["resourceNames"].is_null())
+                .flat_map(|rule| strings(&rule["verbs"]))
+                .collect();
+            for verb in *verbs {
+                assert!(granted.contains(&verb.to_string()), "{kind} {name} lacks {verb} on {group}/{resource}");
+            }
+        }
+    };
+    check(&render(&helm, &[]), "ClusterRole", "dbservice-operator");
+    check(&render(&helm, &["--set", "operator.watchNamespace=team-a"]), "Role", "dbservice-operator-controller");
+}

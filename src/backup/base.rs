@@ -73,15 +73,24 @@ struct SourceFacts {
 }
 
 async fn connect(args: &BaseBackupArgs, host: &str) -> Result<tokio_postgres::Client, BaseBackupError> {
+    connect_as(args, host, &args.user, std::env::var("PGPASSWORD").ok()).await
+}
+
+async fn connect_as(
+    args: &BaseBackupArgs,
+    host: &str,
+    user: &str,
+    password: Option<String>,
+) -> Result<tokio_postgres::Client, BaseBackupError> {
     let mut config = tokio_postgres::Config::new();
     config
         .host(host)
         .port(args.port)
-        .user(&args.user)
+        .user(user)
         .dbname("postgres")
         .application_name("dbservice-backup")
         .connect_timeout(Duration::from_secs(10));
-    if let Ok(password) = std::env::var("PGPASSWORD") {
+    if let Some(password) = password {
         config.password(password);
     }
     let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|error| BaseBackupError::Query {
@@ -287,7 +296,14 @@ async fn switch_wal(args: &BaseBackupArgs, facts: &SourceFacts) -> Result<(), Ba
         // A standby cannot switch; archive_timeout on the primary completes the segment.
         (None, true) => return Ok(()),
     };
-    let client = connect(args, &host).await?;
+    let client = match &args.switch_wal_user {
+        Some(user) => {
+            let password =
+                std::env::var("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD").ok().or_else(|| std::env::var("PGPASSWORD").ok());
+            connect_as(args, &host, user, password).await?
+        }
+        None => connect(args, &host).await?,
+    };
     client.execute("select pg_switch_wal()", &[]).await.map_err(|error| BaseBackupError::Query {
         host,
         port: args.port,
@@ -400,11 +416,41 @@ pub async fn take_backup(args: BaseBackupArgs) -> Result<BackupManifest, BaseBac
     result
 }
 
-/// `dbservice-operator backup`: prints the manifest as one JSON line.
+/// `dbservice-operator backup`: prints the manifest (without its chunk list) as one JSON line,
+/// after enforcing `--retention` when set, and writes it to `--summary-file` when set. A failed
+/// retention does not fail the command (the backup is stored): the summary carries its error.
 pub async fn backup_command(args: BaseBackupArgs) -> Result<(), BaseBackupError> {
+    let retention = args.retention;
+    let summary_file = args.summary_file.clone();
+    let store = args.store.clone();
     let manifest = take_backup(args).await?;
     let mut summary = serde_json::to_value(&manifest).expect("a manifest serializes");
-    summary.as_object_mut().expect("an object").remove("chunks");
-    println!("{summary}");
+    let fields = summary.as_object_mut().expect("an object");
+    fields.remove("chunks");
+    if let Some(policy) = retention {
+        let (client, layout) = store.connect()?;
+        match crate::backup::retention::enforce(&client, &layout, policy, Utc::now()).await {
+            Ok(plan) => {
+                fields.insert(
+                    "retention".into(),
+                    serde_json::json!({
+                        "expiredBackups": plan.expired_backups,
+                        "expiredWalFiles": plan.expired_wal.len(),
+                    }),
+                );
+            }
+            Err(error) => {
+                eprintln!("the backup is stored but retention failed: {error}");
+                fields.insert("retentionError".into(), serde_json::Value::String(error.to_string()));
+            }
+        }
+    }
+    let line = summary.to_string();
+    if let Some(path) = summary_file {
+        if let Err(error) = std::fs::write(&path, &line) {
+            eprintln!("cannot write the summary file {}: {error}", path.display());
+        }
+    }
+    println!("{line}");
     Ok(())
 }

@@ -175,6 +175,17 @@ pub struct BaseBackupArgs {
     /// source when it is a primary; a standby source without it relies on archive_timeout).
     #[arg(long, env = "DBSERVICE_BACKUP_SWITCH_WAL_HOST")]
     pub switch_wal_host: Option<String>,
+    /// Role for pg_switch_wal() on --switch-wal-host, which the replication role may not call
+    /// (default: --user); its password comes from DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD.
+    #[arg(long, env = "DBSERVICE_BACKUP_SWITCH_WAL_USER")]
+    pub switch_wal_user: Option<String>,
+    /// After a successful backup, delete what falls outside this recovery window (e.g. 30d), as
+    /// `backup-prune` does; the summary reports what was deleted or why retention failed.
+    #[arg(long, env = "DBSERVICE_BACKUP_RETENTION", value_parser = parse_retention)]
+    pub retention: Option<crate::backup::retention::RetentionPolicy>,
+    /// Also write the summary to this file (a Job's /dev/termination-log, read by the operator).
+    #[arg(long, env = "DBSERVICE_BACKUP_SUMMARY_FILE")]
+    pub summary_file: Option<PathBuf>,
     /// Backup id (default: the start time, YYYYMMDDTHHMMSSZ).
     #[arg(long, env = "DBSERVICE_BACKUP_ID")]
     pub backup_id: Option<String>,

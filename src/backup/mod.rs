@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod client;
 pub mod compression;
 pub mod config;
+pub mod controller;
 pub mod inventory;
 pub mod keys;
 pub mod lsn;

@@ -28,7 +28,21 @@ pub struct BackupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10, max = 86400))]
     pub archive_timeout_seconds: Option<i32>,
+    /// Completed DatabaseServiceBackups kept; older ones are deleted with their Jobs (the
+    /// backups themselves stay in the store until the retention policy removes them). Defaults to 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub successful_backups_history_limit: Option<i32>,
+    /// Failed DatabaseServiceBackups kept; older ones are deleted with their Jobs. Defaults to 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub failed_backups_history_limit: Option<i32>,
 }
+
+/// Completed backup objects kept by default.
+pub const DEFAULT_SUCCESSFUL_BACKUPS_HISTORY_LIMIT: i32 = 5;
+/// Failed backup objects kept by default.
+pub const DEFAULT_FAILED_BACKUPS_HISTORY_LIMIT: i32 = 3;
 
 /// An S3-compatible bucket and the place of one database in it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -172,6 +172,14 @@ pub fn validate_backup_spec(name: &str, spec: &DatabaseServiceSpec, errors: &mut
                 errors.push(invalid("spec.backup.retentionPolicy", retention, error.to_string()));
             }
         }
+        for (path, limit) in [
+            ("spec.backup.successfulBackupsHistoryLimit", backup.successful_backups_history_limit),
+            ("spec.backup.failedBackupsHistoryLimit", backup.failed_backups_history_limit),
+        ] {
+            if let Some(limit) = limit.filter(|limit| !(1..=100).contains(limit)) {
+                errors.push(invalid(path, limit, "must be between 1 and 100"));
+            }
+        }
     }
     let Some(recovery) = spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.recovery.as_ref()) else { return };
     validate_object_store("spec.bootstrap.recovery.source", &recovery.source, name, errors);
@@ -300,6 +308,8 @@ mod tests {
             schedule: Some("0 1 * * *".to_string()),
             retention_policy: Some("30d".to_string()),
             archive_timeout_seconds: Some(60),
+            successful_backups_history_limit: Some(5),
+            failed_backups_history_limit: Some(3),
         };
         assert_eq!(errors(&spec_with(Some(backup), None)), Vec::<String>::new());
     }
@@ -315,6 +325,8 @@ mod tests {
             schedule: Some("0 0 0 1 * *".to_string()),
             retention_policy: Some("30 days".to_string()),
             archive_timeout_seconds: None,
+            successful_backups_history_limit: Some(0),
+            failed_backups_history_limit: None,
         };
         let found = errors(&spec_with(Some(backup), None));
         for path in [
@@ -324,10 +336,11 @@ mod tests {
             "spec.backup.objectStore.credentialsSecret.name",
             "spec.backup.schedule",
             "spec.backup.retentionPolicy",
+            "spec.backup.successfulBackupsHistoryLimit",
         ] {
             assert!(found.iter().any(|error| error.starts_with(path)), "{path} not reported: {found:#?}");
         }
-        assert_eq!(found.len(), 6, "{found:#?}");
+        assert_eq!(found.len(), 7, "{found:#?}");
     }
 
     #[test]

@@ -261,6 +261,23 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "patch", "update"]
+# DatabaseServiceBackups: watched; created by the scheduler at the cron times; deleted beyond
+# the history limits (their Jobs go with them; the backups in the object store stay).
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservicebackups"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Backup status (phase, backup id, WAL, LSN, times, size) through the status subresource.
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservicebackups/status"]
+  verbs: ["get", "patch", "update"]
+# Needed to set ownerReferences with blockOwnerDeletion=true on backup Jobs.
+- apiGroups: ["dbservice.dev"]
+  resources: ["databaseservicebackups/finalizers"]
+  verbs: ["update"]
+# The Job taking each backup: created once, watched, deleted with its backup object.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Kubernetes Events about reconciliation, recorded with either events API.
 - apiGroups: [""]
   resources: ["events"]

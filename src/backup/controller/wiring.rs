@@ -1,0 +1,170 @@
+//! Wiring of the backup controller: a kube-runtime Controller on DatabaseServiceBackups that
+//! owns their Jobs and is woken by their DatabaseServices, plus the scheduler; both run only
+//! while this process leads and write only through the leader-gated client.
+
+use super::api::DatabaseServiceBackup;
+use super::context::BackupContext;
+use super::job::BACKUP_JOB_SELECTOR;
+use super::reconcile::{reconcile_backup, ReconcileBackupError};
+use super::scheduler::run_scheduler;
+use crate::api::DatabaseService;
+use crate::controller::children::Stores;
+use crate::controller::context::PassContext;
+use crate::controller::expectations::Expectations;
+use crate::controller::Context;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{self, reflector, ObjectRef};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::{Controller, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Objects per page of a watch's (re)list.
+const LIST_PAGE_SIZE: u32 = 50;
+/// Backups reconciled at once.
+const CONCURRENCY: u16 = 4;
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Caches that nothing fills: the ledger helpers need a [`PassContext`], not its caches.
+fn empty_stores() -> Stores {
+    Stores {
+        stateful_sets: reflector::store().0,
+        services: reflector::store().0,
+        config_maps: reflector::store().0,
+        secrets: reflector::store().0,
+        pods: reflector::store().0,
+        claims: reflector::store().0,
+    }
+}
+
+fn controller(
+    client: &Client,
+    context: &Arc<Context>,
+    leading: watch::Receiver<bool>,
+) -> (Controller<DatabaseServiceBackup>, Arc<BackupContext>) {
+    let settings = &context.settings;
+    let namespace = settings.watch_namespace.as_deref();
+    let page = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let (backups, backup_events) = {
+        let (reader, writer) = reflector::store();
+        let events = watcher(scoped::<DatabaseServiceBackup>(client, namespace), page.clone()).default_backoff();
+        (reader, reflector(writer, events.modify(|backup| backup.managed_fields_mut().clear())).applied_objects())
+    };
+    let mut selected = page.clone();
+    if let Some(selector) = &settings.selector {
+        selected = selected.labels(selector);
+    }
+    let (databases, database_events) = {
+        let (reader, writer) = reflector::store();
+        let events = watcher(scoped::<DatabaseService>(client, namespace), selected).default_backoff();
+        (reader, reflector(writer, events.modify(|database| database.managed_fields_mut().clear())).applied_objects())
+    };
+    let (jobs, job_events) = {
+        let (reader, writer) = reflector::store();
+        let events = watcher(scoped::<Job>(client, namespace), page.labels(BACKUP_JOB_SELECTOR)).default_backoff();
+        (reader, reflector(writer, events.modify(|job| job.managed_fields_mut().clear())).touched_objects())
+    };
+    let backup_context = Arc::new(BackupContext {
+        pass: PassContext {
+            shared: context.clone(),
+            stores: empty_stores(),
+            expectations: Expectations::default(),
+            leading,
+        },
+        backups: backups.clone(),
+        databases,
+        jobs,
+    });
+    // A DatabaseService that appears or changes wakes its unfinished backups.
+    let waiting = backups.clone();
+    let controller = Controller::for_stream(backup_events, backups)
+        .owns_stream(job_events)
+        .watches_stream(database_events, move |database: DatabaseService| {
+            let namespace = database.namespace();
+            let name = database.name_any();
+            waiting
+                .state_filter(|backup| {
+                    let finished =
+                        backup.status.as_ref().and_then(|status| status.phase).is_some_and(|phase| phase.is_terminal());
+                    !finished && backup.namespace() == namespace && backup.spec.database_service == name
+                })
+                .into_iter()
+                .map(|backup| ObjectRef::from_obj(backup.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .with_config(ControllerConfig::default().concurrency(CONCURRENCY).debounce(Duration::from_millis(500)));
+    (controller, backup_context)
+}
+
+async fn reconcile(
+    backup: Arc<DatabaseServiceBackup>,
+    context: Arc<BackupContext>,
+) -> Result<Action, ReconcileBackupError> {
+    let mut leading = context.pass.leading.clone();
+    tokio::select! {
+        result = reconcile_backup(&backup, &context) => result,
+        // Dropping the pass cancels any request in flight: a former leader writes nothing more.
+        _ = leading.wait_for(|leading| !*leading) => Err(ReconcileBackupError::StepDown),
+    }
+}
+
+fn error_policy(
+    backup: Arc<DatabaseServiceBackup>,
+    error: &ReconcileBackupError,
+    _context: Arc<BackupContext>,
+) -> Action {
+    if let ReconcileBackupError::Api { source: kube::Error::Api(status), .. } = error {
+        if status.code == 409 {
+            return Action::requeue(Duration::from_millis(500));
+        }
+    }
+    tracing::warn!(backup = %backup.name_any(), namespace = ?backup.namespace(), %error, "backup reconcile failed");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Runs the backup controller and the scheduler while `leader` is true, like the
+/// DatabaseService controller; returns when `shutdown` turns true.
+pub async fn run_while_leader(
+    client: Client,
+    context: Arc<Context>,
+    mut leader: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = leader.wait_for(|leading| *leading) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        tracing::info!("starting the backup controller");
+        let stop = |mut leader: watch::Receiver<bool>, mut shutdown: watch::Receiver<bool>| async move {
+            tokio::select! {
+                _ = leader.wait_for(|leading| !*leading) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
+        };
+        let (controller, backup_context) = controller(&client, &context, leader.clone());
+        let controller_run = controller
+            .graceful_shutdown_on(stop(leader.clone(), shutdown.clone()))
+            .run(reconcile, error_policy, backup_context.clone())
+            .for_each(|_| async {});
+        let scheduler = run_scheduler(backup_context, stop(leader.clone(), shutdown.clone()));
+        futures::future::join(controller_run, scheduler).await;
+        tracing::info!("backup controller stopped");
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
