@@ -7,9 +7,8 @@
 use crate::api::DatabaseService;
 use crate::backup::spec::DEFAULT_ARCHIVE_TIMEOUT_SECONDS;
 use crate::backup::validation::server_name;
-use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, PodSpec, SecretKeySelector, SecretVolumeSource, Volume, VolumeMount,
-};
+use crate::controller::build::{plain_env, secret_env};
+use k8s_openapi::api::core::v1::{EnvVar, PodSpec, SecretVolumeSource, Volume, VolumeMount};
 use kube::ResourceExt;
 
 /// Where the binary is in the pod.
@@ -17,21 +16,6 @@ pub const BINARY_DIRECTORY: &str = crate::controller::build::AGENT_DIRECTORY;
 /// Volume and directory of the store's CA certificates, when `caSecret` is set.
 const CA_VOLUME: &str = "dbservice-s3-ca";
 const CA_DIRECTORY: &str = "/dbservice/s3-ca";
-
-fn plain(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
-}
-
-fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret.into(), key: key.into(), optional: Some(false) }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// The postgres container's environment for archiving: store settings, credentials by
 /// reference, and `DBSERVICE_ARCHIVE_COMMAND` / `DBSERVICE_ARCHIVE_TIMEOUT_SECONDS`, which the
@@ -42,29 +26,29 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
     let credentials = &store.credentials_secret;
     let name = database.name_any();
     let mut environment = vec![
-        plain("DBSERVICE_S3_ENDPOINT", &store.endpoint),
-        plain("DBSERVICE_S3_BUCKET", &store.bucket),
-        plain("DBSERVICE_S3_PATH", store.path.clone().unwrap_or_default()),
-        plain("DBSERVICE_BACKUP_SERVER_NAME", server_name(store, &name)),
-        plain("DBSERVICE_S3_REGION", store.region.clone().unwrap_or_else(|| "us-east-1".into())),
-        from_secret(
+        plain_env("DBSERVICE_S3_ENDPOINT", &store.endpoint),
+        plain_env("DBSERVICE_S3_BUCKET", &store.bucket),
+        plain_env("DBSERVICE_S3_PATH", store.path.clone().unwrap_or_default()),
+        plain_env("DBSERVICE_BACKUP_SERVER_NAME", server_name(store, &name)),
+        plain_env("DBSERVICE_S3_REGION", store.region.clone().unwrap_or_else(|| "us-east-1".into())),
+        secret_env(
             "AWS_ACCESS_KEY_ID",
             &credentials.name,
             credentials.access_key_id_key.as_deref().unwrap_or("accessKeyId"),
         ),
-        from_secret(
+        secret_env(
             "AWS_SECRET_ACCESS_KEY",
             &credentials.name,
             credentials.secret_access_key_key.as_deref().unwrap_or("secretAccessKey"),
         ),
-        plain("DBSERVICE_ARCHIVE_COMMAND", format!("{BINARY_DIRECTORY}/dbservice-operator wal-archive %p %f")),
-        plain(
+        plain_env("DBSERVICE_ARCHIVE_COMMAND", format!("{BINARY_DIRECTORY}/dbservice-operator wal-archive %p %f")),
+        plain_env(
             "DBSERVICE_ARCHIVE_TIMEOUT_SECONDS",
             backup.archive_timeout_seconds.unwrap_or(DEFAULT_ARCHIVE_TIMEOUT_SECONDS).to_string(),
         ),
     ];
     if let Some(ca) = &store.ca_secret {
-        environment.push(plain("DBSERVICE_S3_CA_FILE", format!("{CA_DIRECTORY}/{}", ca.key)));
+        environment.push(plain_env("DBSERVICE_S3_CA_FILE", format!("{CA_DIRECTORY}/{}", ca.key)));
     }
     environment
 }

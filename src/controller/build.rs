@@ -116,7 +116,8 @@ pub fn scripts_config_map(database: &DatabaseService) -> ConfigMap {
     }
 }
 
-fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+/// An environment variable from a key of a Secret (never the value itself).
+pub(crate) fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -127,7 +128,8 @@ fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     }
 }
 
-fn plain_env(name: &str, value: &str) -> EnvVar {
+/// An environment variable with a plain value.
+pub(crate) fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
 }
 
@@ -200,10 +202,10 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
                 ..Default::default()
             });
             env.push(plain_env("DBSERVICE_DATABASE", &name));
-            env.push(plain_env("DBSERVICE_AGENT", &format!("{AGENT_DIRECTORY}/dbservice-operator")));
+            env.push(plain_env("DBSERVICE_AGENT", format!("{AGENT_DIRECTORY}/dbservice-operator")));
             mounts.push(VolumeMount { read_only: Some(true), ..agent_mount.clone() });
         }
-        None => env.push(plain_env("PRIMARY_HOST", &primary_host(database))),
+        None => env.push(plain_env("PRIMARY_HOST", primary_host(database))),
     }
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),

@@ -6,12 +6,14 @@
 use super::api::{BackupTarget, DatabaseServiceBackup};
 use crate::api::DatabaseService;
 use crate::backup::pod::{add_archiving, BINARY_DIRECTORY};
-use crate::controller::build::{AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY, POSTGRES_PORT};
+use crate::controller::build::{
+    plain_env, secret_env, AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY, POSTGRES_PORT,
+};
 use crate::controller::names::{ChildNames, MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -55,21 +57,6 @@ pub fn job_name(backup: &DatabaseServiceBackup) -> String {
     format!("{}-{suffix}", prefix.trim_end_matches(['-', '.']))
 }
 
-fn plain(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
-}
-
-fn from_secret(name: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret.into(), key: key.into(), optional: Some(false) }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// The host a backup copies: the standby Service, or the primary's when the target is the
 /// primary or there is no standby to copy.
 pub fn source_host(database: &DatabaseService, target: BackupTarget) -> String {
@@ -108,19 +95,19 @@ pub fn backup_job(
     let credentials = ChildNames::credentials(&database_name);
     let primary = format!("{database_name}.{namespace}.svc");
     let mut environment = vec![
-        plain("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
-        plain("PGPORT", POSTGRES_PORT.to_string()),
-        from_secret("PGUSER", &credentials, "replication-username"),
-        from_secret("PGPASSWORD", &credentials, "replication-password"),
+        plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
+        plain_env("PGPORT", POSTGRES_PORT.to_string()),
+        secret_env("PGUSER", &credentials, "replication-username"),
+        secret_env("PGPASSWORD", &credentials, "replication-password"),
         // pg_switch_wal() on the primary completes the backup's last segment at once; the
         // replication role may not call it, the database owner may.
-        plain("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
-        from_secret("DBSERVICE_BACKUP_SWITCH_WAL_USER", &credentials, "username"),
-        from_secret("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD", &credentials, "password"),
-        plain("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
+        plain_env("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
+        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_USER", &credentials, "username"),
+        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD", &credentials, "password"),
+        plain_env("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
     ];
     if let Some(retention) = &spec.retention_policy {
-        environment.push(plain("DBSERVICE_BACKUP_RETENTION", retention));
+        environment.push(plain_env("DBSERVICE_BACKUP_RETENTION", retention));
     }
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),
