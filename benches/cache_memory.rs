@@ -172,8 +172,12 @@ fn main() {
     );
     measure::<ConfigMap>("ConfigMap ledger (fingerprint)", as_served(ledger, Value::Null), &mut rows);
     measure::<PartialObjectMeta<Secret>>("Secret (metadata only)", as_served(secret, Value::Null), &mut rows);
-    measure::<Pod>("Pod (slimmed)", as_served(pod, pod_status), &mut rows);
-    measure::<PersistentVolumeClaim>("PersistentVolumeClaim", as_served(claim, claim_status), &mut rows);
+    measure::<Compact<Pod>>("Pod (slimmed, compact)", as_served(pod, pod_status), &mut rows);
+    measure::<Compact<PersistentVolumeClaim>>(
+        "PersistentVolumeClaim (compact)",
+        as_served(claim, claim_status),
+        &mut rows,
+    );
     let bytes: isize = rows.iter().map(|row| row.1).sum();
     let blocks: isize = rows.iter().map(|row| row.2).sum();
     println!("\nper DatabaseService (1 instance): {bytes} B in {blocks} blocks");

@@ -9,7 +9,7 @@
 //!   `renewTime` (another machine's clock). The holder's deadline counts from before it sent the
 //!   renewal, so it always ends before any follower may take over: a follower sees the renewal
 //!   no earlier than it was sent and waits the full duration from then.
-//! - On step-down, writes stop at once: [`crate::client::LeaderGateLayer`] refuses new writes of
+//! - On step-down, writes stop at once: [`crate::client::CallGuardLayer`] refuses new writes of
 //!   the controller's client and cancels those in flight, so in-flight reconciles fail before
 //!   they write again.
 //! - The Lease is released on shutdown so that a successor (polling every second) takes over
@@ -312,5 +312,47 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(observed.free(&spec("other", 1)));
         assert!(observed.free(&LeaseSpec::default()), "a released Lease is free at once");
+    }
+}
+
+/// The end of one leadership term: leadership lost, or the process shutting down.
+#[derive(Clone)]
+pub struct TermEnd {
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl TermEnd {
+    /// Completes when the term ends.
+    pub async fn reached(mut self) {
+        tokio::select! {
+            _ = self.leader.wait_for(|leading| !*leading) => {}
+            _ = self.shutdown.wait_for(|stop| *stop) => {}
+        }
+    }
+}
+
+/// Runs `term` once per leadership term: each time `leader` turns true, `term` runs until it
+/// returns (it is handed the [`TermEnd`] to stop on); returns when `shutdown` turns true.
+pub async fn run_each_term<Term, Running>(
+    what: &str,
+    mut leader: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+    mut term: Term,
+) where
+    Term: FnMut(TermEnd) -> Running,
+    Running: std::future::Future<Output = ()>,
+{
+    loop {
+        tokio::select! {
+            _ = leader.wait_for(|leading| *leading) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        tracing::info!("starting the {what}");
+        term(TermEnd { leader: leader.clone(), shutdown: shutdown.clone() }).await;
+        tracing::info!("{what} stopped");
+        if *shutdown.borrow() {
+            return;
+        }
     }
 }

@@ -110,10 +110,10 @@ pub struct Stores {
     pub config_maps: Store<ConfigMap>,
     /// Owned Secrets, metadata only.
     pub secrets: Store<PartialObjectMeta<Secret>>,
-    /// Pods by the managed-by label, slimmed.
-    pub pods: Store<Pod>,
-    /// PVCs by the managed-by label.
-    pub claims: Store<PersistentVolumeClaim>,
+    /// Pods by the managed-by label, slimmed, spec and status as text.
+    pub pods: Store<Compact<Pod>>,
+    /// PVCs by the managed-by label, spec and status as text.
+    pub claims: Store<Compact<PersistentVolumeClaim>>,
 }
 
 impl Stores {
@@ -136,8 +136,8 @@ pub(super) struct PartialStores {
     pub services: Option<Store<Compact<Service>>>,
     pub config_maps: Option<Store<ConfigMap>>,
     pub secrets: Option<Store<PartialObjectMeta<Secret>>>,
-    pub pods: Option<Store<Pod>>,
-    pub claims: Option<Store<PersistentVolumeClaim>>,
+    pub pods: Option<Store<Compact<Pod>>>,
+    pub claims: Option<Store<Compact<PersistentVolumeClaim>>>,
 }
 
 impl PartialStores {
@@ -191,9 +191,34 @@ impl Slim for crate::api::DatabaseService {
 /// Prefix of the annotations the operator reads on a DatabaseService.
 pub const OWN_ANNOTATION_PREFIX: &str = "dbservice.dev/";
 
-impl<K> Slim for Compact<K> {
+impl Slim for Compact<StatefulSet> {
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for Compact<Service> {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for Compact<PersistentVolumeClaim> {
+    fn slim(&mut self) {
+        slim_metadata(&mut self.metadata);
+    }
+}
+
+impl Slim for Compact<Pod> {
+    /// Slimmed as a typed Pod first (the fields health and failover read), then kept as text: a
+    /// typed Pod is mostly empty Options and costs several times its text.
+    fn slim(&mut self) {
+        if let Some(mut pod) = self.expand() {
+            pod.slim();
+            *self = Compact::from_object(&pod);
+        } else {
+            slim_metadata(&mut self.metadata);
+        }
     }
 }
 

@@ -2,10 +2,10 @@
 //! leadership term) the caches, the expectations and the leadership signal.
 
 use super::children::Stores;
+use super::events::EventPublisher;
 use super::expectations::Expectations;
 use super::settings::ControllerSettings;
 use crate::metrics::Metrics;
-use kube::runtime::events::Recorder;
 use kube::Client;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -14,8 +14,8 @@ use tokio::sync::watch;
 pub struct Context {
     /// Kubernetes client.
     pub client: Client,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// Event publisher.
+    pub recorder: EventPublisher,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Tunables.

@@ -17,6 +17,7 @@ pub mod context;
 pub mod decide;
 pub mod diff;
 pub mod error;
+pub mod events;
 pub mod expectations;
 pub mod failover;
 pub mod health;
@@ -39,10 +40,9 @@ pub use error::{ReconcileError, Step};
 pub use settings::ControllerSettings;
 pub use wiring::run_while_leader;
 
-use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
-/// The event recorder for this process.
-pub fn recorder(client: Client, identity: &str) -> Recorder {
-    Recorder::new(client, Reporter { controller: "dbservice-operator".into(), instance: Some(identity.into()) })
+/// The event publisher for this process.
+pub fn recorder(client: Client, identity: &str) -> events::EventPublisher {
+    events::EventPublisher::new(client, "dbservice-operator", identity)
 }

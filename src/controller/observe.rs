@@ -11,7 +11,10 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::Store;
 use kube::{Api, Client, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -46,14 +49,8 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         .into_iter()
         .filter_map(|service| cached(&stores.services, &namespace, &service).map(|live| (service, live)))
         .collect();
-    let mut pods = stores.pods.state_filter(|pod| {
-        pod.metadata.namespace.as_deref() == Some(namespace.as_str()) && is_labelled_child_of(pod, &name)
-    });
-    pods.sort_by_key(|pod| pod.name_any());
-    let mut claims = stores.claims.state_filter(|claim| {
-        claim.metadata.namespace.as_deref() == Some(namespace.as_str()) && is_labelled_child_of(claim, &name)
-    });
-    claims.sort_by_key(|claim| claim.name_any());
+    let pods = expanded_children(&stores.pods, &namespace, &name);
+    let claims = expanded_children(&stores.claims, &namespace, &name);
     Observed {
         stateful_set: cached(&stores.stateful_sets, &namespace, &name),
         services,
@@ -65,6 +62,19 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         expandable_classes: BTreeMap::new(),
         primary_lease: None,
     }
+}
+
+/// The cached children of kind `K` labelled as belonging to database `name`, typed again (the
+/// caches keep them as text), sorted by name.
+fn expanded_children<K>(store: &Store<Compact<K>>, namespace: &str, name: &str) -> Vec<Arc<K>>
+where
+    K: k8s_openapi::Resource + Serialize + DeserializeOwned + Clone,
+{
+    let mut children = store.state_filter(|child| {
+        child.metadata.namespace.as_deref() == Some(namespace) && is_labelled_child_of(child, name)
+    });
+    children.sort_by(|left, right| left.metadata.name.cmp(&right.metadata.name));
+    children.iter().filter_map(|child| child.expand().map(Arc::new)).collect()
 }
 
 /// Fills [`Observed::primary_lease`] when the failover step needs it (a GET, never in a steady pass).

@@ -11,6 +11,7 @@ use super::expectations::Expectations;
 use super::names::{INSTANCE_LABEL, MANAGED_SELECTOR};
 use super::reconcile::reconcile_live;
 use crate::api::{DatabaseService, FINALIZER};
+use crate::leader::run_each_term;
 use crate::metrics::ReconcileLabels;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -104,12 +105,13 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
                 controller.owns_stream(stream)
             }
             ChildKind::Pod => {
-                let (store, stream) = cache(watcher(scoped::<Pod>(client, namespace), managed()));
+                let (store, stream) = cache(watcher(scoped::<Compact<Pod>>(client, namespace), managed()));
                 stores.pods = Some(store);
                 controller.watches_stream(stream, instance_of)
             }
             ChildKind::PersistentVolumeClaim => {
-                let (store, stream) = cache(watcher(scoped::<PersistentVolumeClaim>(client, namespace), managed()));
+                let (store, stream) =
+                    cache(watcher(scoped::<Compact<PersistentVolumeClaim>>(client, namespace), managed()));
                 stores.claims = Some(store);
                 controller.watches_stream(stream, instance_of)
             }
@@ -167,34 +169,19 @@ fn error_policy(database: Arc<DatabaseService>, error: &ReconcileError, _context
 pub async fn run_while_leader(
     client: Client,
     context: Arc<Context>,
-    mut leader: watch::Receiver<bool>,
-    mut shutdown: watch::Receiver<bool>,
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = leader.wait_for(|leading| *leading) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        tracing::info!("starting the controller");
-        let mut stop_leader = leader.clone();
-        let mut stop_shutdown = shutdown.clone();
-        let stop = async move {
-            tokio::select! {
-                _ = stop_leader.wait_for(|leading| !*leading) => {}
-                _ = stop_shutdown.wait_for(|stop| *stop) => {}
-            }
-        };
+    let leading = leader.clone();
+    run_each_term("controller", leader, shutdown, |end| {
         let (controller, stores) = controller(&client, &context);
         let pass_context = Arc::new(PassContext {
             shared: context.clone(),
             stores,
             expectations: Expectations::default(),
-            leading: leader.clone(),
+            leading: leading.clone(),
         });
-        controller.graceful_shutdown_on(stop).run(reconcile, error_policy, pass_context).for_each(|_| async {}).await;
-        tracing::info!("controller stopped");
-        if *shutdown.borrow() {
-            return;
-        }
-    }
+        controller.graceful_shutdown_on(end.reached()).run(reconcile, error_policy, pass_context).for_each(|_| async {})
+    })
+    .await
 }

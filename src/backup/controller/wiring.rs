@@ -12,7 +12,8 @@ use crate::controller::children::Stores;
 use crate::controller::context::PassContext;
 use crate::controller::expectations::Expectations;
 use crate::controller::Context;
-use futures::StreamExt;
+use crate::leader::run_each_term;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, reflector, ObjectRef};
@@ -140,31 +141,18 @@ fn error_policy(
 pub async fn run_while_leader(
     client: Client,
     context: Arc<Context>,
-    mut leader: watch::Receiver<bool>,
-    mut shutdown: watch::Receiver<bool>,
+    leader: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            _ = leader.wait_for(|leading| *leading) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return,
-        }
-        tracing::info!("starting the backup controller");
-        let stop = |mut leader: watch::Receiver<bool>, mut shutdown: watch::Receiver<bool>| async move {
-            tokio::select! {
-                _ = leader.wait_for(|leading| !*leading) => {}
-                _ = shutdown.wait_for(|stop| *stop) => {}
-            }
-        };
-        let (controller, backup_context) = controller(&client, &context, leader.clone());
+    let leading = leader.clone();
+    run_each_term("backup controller", leader, shutdown, |end| {
+        let (controller, backup_context) = controller(&client, &context, leading.clone());
         let controller_run = controller
-            .graceful_shutdown_on(stop(leader.clone(), shutdown.clone()))
+            .graceful_shutdown_on(end.clone().reached())
             .run(reconcile, error_policy, backup_context.clone())
             .for_each(|_| async {});
-        let scheduler = run_scheduler(backup_context, stop(leader.clone(), shutdown.clone()));
-        futures::future::join(controller_run, scheduler).await;
-        tracing::info!("backup controller stopped");
-        if *shutdown.borrow() {
-            return;
-        }
-    }
+        let scheduler = run_scheduler(backup_context, end.reached());
+        futures::future::join(controller_run, scheduler).map(|_| ())
+    })
+    .await
 }
