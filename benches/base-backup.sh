@@ -7,25 +7,10 @@
 #                                             binary: target/release/dbservice-operator, or BINARY=...)
 set -euo pipefail
 scale="${1:-150}"
-binary="${BINARY:-${CARGO_TARGET_DIR:-target}/release/dbservice-operator}"
-pg_bin="${PG_BIN:-/usr/lib/postgresql/15/bin}"
-work="$(mktemp -d /tmp/base-backup-bench.XXXXXX)"
-port=$((20000 + RANDOM % 20000))
-moto_port=$((port + 1))
-as_pg=()
-if [ "$(id -u)" = 0 ]; then chown postgres "$work"; as_pg=(runuser -u postgres --); fi
-cleanup() {
-  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -m immediate stop >/dev/null 2>&1 || true
-  if [ -n "${moto_pid:-}" ]; then kill "$moto_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/lib/loopback.sh"
+loopback_setup base-backup-bench
 now() { date +%s.%N; }
 mib_per_s() { python3 -c "import sys; b,s,e=map(float,sys.argv[1:]); print(f'{b/2**20:.0f} MiB in {e-s:.1f} s = {b/2**20/(e-s):.0f} MiB/s')" "$@"; }
-
-moto_server -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
-moto_pid=$!
-for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$moto_port/" && break; sleep 0.2; done
 curl -s -X PUT -o /dev/null "http://127.0.0.1:$moto_port/bench"
 
 echo "== raw speeds"

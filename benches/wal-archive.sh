@@ -7,22 +7,8 @@
 #                                           or BINARY=...; PostgreSQL from /usr/lib/postgresql/15/bin)
 set -euo pipefail
 segments="${1:-64}"
-binary="${BINARY:-${CARGO_TARGET_DIR:-target}/release/dbservice-operator}"
-pg_bin="${PG_BIN:-/usr/lib/postgresql/15/bin}"
-work="$(mktemp -d /tmp/wal-archive-bench.XXXXXX)"
-port=$((20000 + RANDOM % 20000))
-moto_port=$((port + 1))
-as_pg=()
-if [ "$(id -u)" = 0 ]; then chown postgres "$work"; as_pg=(runuser -u postgres --); fi
-cleanup() {
-  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -m immediate stop >/dev/null 2>&1 || true
-  if [ -n "${moto_pid:-}" ]; then kill "$moto_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-moto_server -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
-moto_pid=$!
+source "$(dirname "$0")/lib/loopback.sh"
+loopback_setup wal-archive-bench
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pgdata" -U postgres --auth=trust --no-sync >/dev/null
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pgdata" -l "$work/pg.log" -w \
   -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c max_wal_size=4GB -c wal_keep_size=4GB -c fsync=off" start >/dev/null
