@@ -64,6 +64,15 @@ pub struct ReconcileLabels {
     pub step: String,
 }
 
+/// Labels of one DatabaseService.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DatabaseLabels {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
 /// Every metric the operator exposes.
 pub struct Metrics {
     registry: Registry,
@@ -85,6 +94,10 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Times this process gained or lost leadership.
     pub leadership_changes: Counter,
+    /// 1 while the primary's WAL archiving fails, 0 while it works (databases with spec.backup).
+    pub wal_archiving_failing: Family<DatabaseLabels, Gauge>,
+    /// Unix time the current failing streak of WAL archiving began (only while failing).
+    pub wal_archiving_failing_since: Family<DatabaseLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -109,6 +122,8 @@ impl Metrics {
         let api_requests = Family::<ApiRequestLabels, Counter>::default();
         let leader = Gauge::default();
         let leadership_changes = Counter::default();
+        let wal_archiving_failing = Family::<DatabaseLabels, Gauge>::default();
+        let wal_archiving_failing_since = Family::<DatabaseLabels, Gauge>::default();
         registry.register(
             "admission_requests",
             "Admission requests by webhook, operation and result",
@@ -130,6 +145,16 @@ impl Metrics {
         );
         registry.register("leader", "1 while this process holds the leader Lease", leader.clone());
         registry.register("leadership_changes", "Leadership gained or lost", leadership_changes.clone());
+        registry.register(
+            "wal_archiving_failing",
+            "1 while the primary's WAL archiving fails, 0 while it works",
+            wal_archiving_failing.clone(),
+        );
+        registry.register(
+            "wal_archiving_failing_since_timestamp_seconds",
+            "Unix time the current failing streak of WAL archiving began",
+            wal_archiving_failing_since.clone(),
+        );
         Self {
             registry,
             admission_requests,
@@ -141,7 +166,31 @@ impl Metrics {
             api_requests,
             leader,
             leadership_changes,
+            wal_archiving_failing,
+            wal_archiving_failing_since,
         }
+    }
+
+    /// Sets the WAL archiving series of one database: `failing_since` when failing, None when
+    /// archiving works.
+    pub fn set_wal_archiving(&self, namespace: &str, name: &str, failing_since: Option<chrono::DateTime<chrono::Utc>>) {
+        let labels = DatabaseLabels { namespace: namespace.into(), name: name.into() };
+        self.wal_archiving_failing.get_or_create(&labels).set(i64::from(failing_since.is_some()));
+        match failing_since {
+            Some(since) => {
+                self.wal_archiving_failing_since.get_or_create(&labels).set(since.timestamp());
+            }
+            None => {
+                self.wal_archiving_failing_since.remove(&labels);
+            }
+        }
+    }
+
+    /// Removes the WAL archiving series of one database (no spec.backup, or deleted).
+    pub fn forget_wal_archiving(&self, namespace: &str, name: &str) {
+        let labels = DatabaseLabels { namespace: namespace.into(), name: name.into() };
+        self.wal_archiving_failing.remove(&labels);
+        self.wal_archiving_failing_since.remove(&labels);
     }
 
     /// Counts one write of the controller.
@@ -211,7 +260,28 @@ pub fn classify_request(method: &http::Method, path: &str, query: Option<&str>) 
 
 #[cfg(test)]
 mod tests {
-    use super::classify_request;
+    use super::{classify_request, Metrics};
+
+    #[test]
+    fn wal_archiving_series_follow_the_state() {
+        let metrics = Metrics::new();
+        let since = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        metrics.set_wal_archiving("shop", "orders", Some(since));
+        let text = metrics.encode();
+        assert!(text.contains(r#"dbservice_wal_archiving_failing{namespace="shop",name="orders"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"dbservice_wal_archiving_failing_since_timestamp_seconds{namespace="shop",name="orders"} 1800000000"#
+            ),
+            "{text}"
+        );
+        metrics.set_wal_archiving("shop", "orders", None);
+        let text = metrics.encode();
+        assert!(text.contains(r#"dbservice_wal_archiving_failing{namespace="shop",name="orders"} 0"#), "{text}");
+        assert!(!text.contains("failing_since_timestamp_seconds{"), "{text}");
+        metrics.forget_wal_archiving("shop", "orders");
+        assert!(!metrics.encode().contains(r#"name="orders""#));
+    }
     use http::Method;
 
     #[test]

@@ -34,6 +34,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         postgres_ready: ready,
         fenced: false,
         disk_full: false,
+        archiving: None,
         shutdown_checkpoint_lsn: None,
     }
 }

@@ -28,6 +28,12 @@ pub struct BackupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10, max = 86400))]
     pub archive_timeout_seconds: Option<i32>,
+    /// Seconds WAL archiving may fail without a break before a Warning event
+    /// (WalArchivingFailing) and a ledger entry say so; the ContinuousArchiving condition turns
+    /// False at the first failure either way. Defaults to 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 86400))]
+    pub archive_failure_warning_seconds: Option<i32>,
     /// Completed DatabaseServiceBackups kept; older ones are deleted with their Jobs (the
     /// backups themselves stay in the store until the retention policy removes them). Defaults to 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,6 +43,22 @@ pub struct BackupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub failed_backups_history_limit: Option<i32>,
+}
+
+/// Default of `archiveFailureWarningSeconds`: long enough for a store's brief outage or restart,
+/// short against the hours a busy primary takes to fill pg_wal.
+pub const DEFAULT_ARCHIVE_FAILURE_WARNING_SECONDS: i32 = 300;
+/// Bounds of `archiveFailureWarningSeconds`.
+pub const ARCHIVE_FAILURE_WARNING_SECONDS_RANGE: std::ops::RangeInclusive<i32> = 30..=86400;
+/// Bounds of `archiveTimeoutSeconds`.
+pub const ARCHIVE_TIMEOUT_SECONDS_RANGE: std::ops::RangeInclusive<i32> = 10..=86400;
+
+impl BackupSpec {
+    /// How long archiving may fail before the Warning event.
+    pub fn archive_failure_warning(&self) -> std::time::Duration {
+        let seconds = self.archive_failure_warning_seconds.unwrap_or(DEFAULT_ARCHIVE_FAILURE_WARNING_SECONDS);
+        std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
 }
 
 /// Completed backup objects kept by default.

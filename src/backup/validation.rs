@@ -9,7 +9,9 @@ use crate::backup::manifest::BackupManifest;
 use crate::backup::retention::RetentionPolicy;
 use crate::backup::schedule::Schedule;
 use crate::backup::selection::{select_backup, RecoveryTarget};
-use crate::backup::spec::{ObjectStore, RecoverySpec};
+use crate::backup::spec::{
+    ObjectStore, RecoverySpec, ARCHIVE_FAILURE_WARNING_SECONDS_RANGE, ARCHIVE_TIMEOUT_SECONDS_RANGE,
+};
 use crate::validation::{FieldError, FieldErrorKind};
 
 fn invalid(path: &str, value: impl std::fmt::Display, detail: impl Into<String>) -> FieldError {
@@ -172,6 +174,18 @@ pub fn validate_backup_spec(name: &str, spec: &DatabaseServiceSpec, errors: &mut
                 errors.push(invalid("spec.backup.retentionPolicy", retention, error.to_string()));
             }
         }
+        for (path, value, range) in [
+            ("spec.backup.archiveTimeoutSeconds", backup.archive_timeout_seconds, ARCHIVE_TIMEOUT_SECONDS_RANGE),
+            (
+                "spec.backup.archiveFailureWarningSeconds",
+                backup.archive_failure_warning_seconds,
+                ARCHIVE_FAILURE_WARNING_SECONDS_RANGE,
+            ),
+        ] {
+            if let Some(value) = value.filter(|value| !range.contains(value)) {
+                errors.push(invalid(path, value, format!("must be between {} and {}", range.start(), range.end())));
+            }
+        }
         for (path, limit) in [
             ("spec.backup.successfulBackupsHistoryLimit", backup.successful_backups_history_limit),
             ("spec.backup.failedBackupsHistoryLimit", backup.failed_backups_history_limit),
@@ -308,6 +322,7 @@ mod tests {
             schedule: Some("0 1 * * *".to_string()),
             retention_policy: Some("30d".to_string()),
             archive_timeout_seconds: Some(60),
+            archive_failure_warning_seconds: Some(600),
             successful_backups_history_limit: Some(5),
             failed_backups_history_limit: Some(3),
         };
@@ -324,7 +339,8 @@ mod tests {
             object_store,
             schedule: Some("0 0 0 1 * *".to_string()),
             retention_policy: Some("30 days".to_string()),
-            archive_timeout_seconds: None,
+            archive_timeout_seconds: Some(5),
+            archive_failure_warning_seconds: Some(10),
             successful_backups_history_limit: Some(0),
             failed_backups_history_limit: None,
         };
@@ -337,10 +353,12 @@ mod tests {
             "spec.backup.schedule",
             "spec.backup.retentionPolicy",
             "spec.backup.successfulBackupsHistoryLimit",
+            "spec.backup.archiveTimeoutSeconds",
+            "spec.backup.archiveFailureWarningSeconds",
         ] {
             assert!(found.iter().any(|error| error.starts_with(path)), "{path} not reported: {found:#?}");
         }
-        assert_eq!(found.len(), 7, "{found:#?}");
+        assert_eq!(found.len(), 9, "{found:#?}");
     }
 
     #[test]

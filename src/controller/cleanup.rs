@@ -85,6 +85,7 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
     let uid = database.uid().unwrap_or_default();
     let generation = database.metadata.generation.unwrap_or(0);
     let policy = database.spec.deletion_policy_or_default();
+    context.shared.metrics.forget_wal_archiving(&namespace, &name);
     if !caches_ready(context).await {
         // An error, not a requeue: Ok would let the finalizer go before the policy is applied.
         return Err(ReconcileError::CachesNotReady);

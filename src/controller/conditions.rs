@@ -23,6 +23,8 @@ pub mod types {
     pub const CREDENTIALS_READY: &str = "CredentialsReady";
     /// Reconciliation is paused by spec.paused.
     pub const PAUSED: &str = "Paused";
+    /// The primary archives its WAL to the object store (with spec.backup).
+    pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 }
 
 /// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged;

@@ -2,10 +2,11 @@
 //! the new status, the journal (events and ledger entries) and the workload to build and apply.
 //! No client, no clock: the table tests in `decide_tests.rs` run it without a cluster.
 
+use super::archiving::{decide_archiving, ArchivingHealth};
 use super::build::{self, WorkloadInputs};
 use super::conditions::{self, types};
 use super::diff;
-use super::failover::{decide_failover, URGENT_REQUEUE};
+use super::failover::{decide_failover, report_of, URGENT_REQUEUE};
 use super::health::{self, PodHealth};
 use super::journal::Journal;
 use super::ledger::LedgerEntry;
@@ -45,6 +46,8 @@ pub struct Decision {
     pub workload: Option<Workload>,
     /// When to look again; None waits for a change.
     pub requeue: Option<Duration>,
+    /// WAL archiving health for the metrics (Unknown when the pass decided nothing about it).
+    pub archiving: ArchivingHealth,
 }
 
 /// The children to build and the changes to make to pods and claims.
@@ -118,7 +121,7 @@ pub fn decide(input: &DecideInput) -> Decision {
             let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
             journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
         }
-        return Decision { status, journal, workload: None, requeue: None };
+        return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
     }
     if conditions::is_true(&old_status.conditions, types::PAUSED) {
         let entry = LedgerEntry::at(now, generation, "Resumed", "", "", "reconciliation resumed");
@@ -143,7 +146,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
         status.phase = Some(Phase::Failed);
         status.observed_generation = Some(generation);
-        return Decision { status, journal, workload: None, requeue: None };
+        return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
     }
     conditions::remove(&mut status.conditions, types::INVALID_SPEC);
 
@@ -187,6 +190,22 @@ pub fn decide(input: &DecideInput) -> Decision {
         .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
+    // Only the primary archives: its report alone says whether archiving works.
+    let primary_report = observed
+        .pods
+        .iter()
+        .find(|pod| Some(pod.name_any().as_str()) == primary)
+        .and_then(|pod| report_of(pod))
+        .and_then(|report| report.archiving);
+    let archiving = decide_archiving(
+        database.spec.backup.as_ref(),
+        primary,
+        primary_report.as_ref(),
+        &mut status,
+        &mut journal,
+        generation,
+        now,
+    );
     let (pod_labels, pod_deletions) =
         decide_pods(observed, &pods, primary, &rollout, stateful_set_current, &mut journal);
     let rolled_out =
@@ -216,7 +235,8 @@ pub fn decide(input: &DecideInput) -> Decision {
     } else {
         Duration::from_secs(5)
     };
-    Decision { status, journal, workload: Some(workload), requeue: Some(requeue) }
+    let requeue = archiving.warn_in.map_or(requeue, |warn_in| requeue.min(warn_in));
+    Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
 }
 
 /// Credentials are created once and never overwritten; returns whether to create them now.

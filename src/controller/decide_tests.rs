@@ -371,3 +371,64 @@ fn a_retained_secret_is_used_but_not_owned_and_a_missing_one_is_recreated_with_a
     assert_eq!(condition(&decision, "CredentialsReady"), Some(("False", "SecretRecreated")));
     assert!(decision.journal.reasons().contains(&"CredentialsRecreated"));
 }
+
+/// A one-instance database with spec.backup.
+fn archiving_database(status: Option<DatabaseServiceStatus>) -> DatabaseService {
+    let mut database = database(1, status);
+    database.spec.backup = Some(
+        serde_json::from_value(json!({"objectStore": {"endpoint": "http://store:9000", "bucket": "backups",
+                                                      "credentialsSecret": {"name": "s3"}}}))
+        .unwrap(),
+    );
+    database
+}
+
+/// Pod db-0 whose agent reports a primary with archiving failing since `failing_for` seconds
+/// ago (healthy when None).
+fn primary_reporting_archiving(failing_for: Option<i64>) -> Arc<Pod> {
+    let mut pod = (*pod(0, "postgres:16.4", PodState::Ready)).clone();
+    let archiving = match failing_for {
+        Some(seconds) => {
+            json!({"failing": true, "failingSince": ago(seconds), "failedWal": "000000010000000000000009"})
+        }
+        None => json!({"failing": false}),
+    };
+    let report = json!({"role": "primary", "timeline": 1, "walReceiver": false, "postgresReady": true,
+                        "fenced": false, "diskFull": false, "archiving": archiving});
+    pod.metadata.annotations =
+        Some([(crate::failover::INSTANCE_REPORT_ANNOTATION.to_string(), report.to_string())].into());
+    Arc::new(pod)
+}
+
+#[test]
+fn the_primary_report_drives_the_archiving_condition_warning_and_requeue() {
+    use super::archiving::{ArchivingHealth, FAILING_EVENT};
+    // Failing for 100 s of the default 300: condition False, no event yet, a look when 300 s are up.
+    let early = archiving_database(Some(running_status("16.4")));
+    let decision = run(&early, &steady(&early, vec![primary_reporting_archiving(Some(100))]));
+    assert_eq!(condition(&decision, "ContinuousArchiving"), Some(("False", "ArchiveFailing")));
+    assert!(!decision.journal.reasons().contains(&FAILING_EVENT));
+    assert_eq!(decision.requeue, Some(std::time::Duration::from_secs(200)));
+    assert_eq!(decision.archiving, ArchivingHealth::Failing { since: now() - Duration::seconds(100) });
+    // Failing for 400 s: the Warning event and ledger entry, once.
+    let late = archiving_database(Some(decision.status.clone()));
+    let warned = run(&late, &steady(&late, vec![primary_reporting_archiving(Some(400))]));
+    assert_eq!(condition(&warned, "ContinuousArchiving"), Some(("False", "ArchiveFailingTooLong")));
+    assert!(warned.journal.reasons().contains(&FAILING_EVENT), "{:?}", warned.journal.reasons());
+    assert!(warned.journal.entries.iter().any(|entry| entry.action == FAILING_EVENT));
+    let again = archiving_database(Some(warned.status.clone()));
+    let steady_pass = run(&again, &steady(&again, vec![primary_reporting_archiving(Some(400))]));
+    assert_eq!(steady_pass.status, warned.status, "no status write when nothing changed");
+    assert!(steady_pass.journal.is_empty(), "{:?}", steady_pass.journal.reasons());
+    // A standby's report does not count; without spec.backup there is no condition.
+    let mut standby = (*primary_reporting_archiving(Some(400))).clone();
+    standby.metadata.name = Some("db-1".into());
+    let two = archiving_database(Some(running_status("16.4")));
+    let mut observed = steady(&two, vec![pod(0, "postgres:16.4", PodState::Ready), Arc::new(standby)]);
+    observed.pods.sort_by_key(|pod| pod.metadata.name.clone());
+    assert_eq!(condition(&run(&two, &observed), "ContinuousArchiving"), None);
+    let plain = database(1, Some(warned.status.clone()));
+    let without = run(&plain, &steady(&plain, vec![primary_reporting_archiving(Some(400))]));
+    assert_eq!(condition(&without, "ContinuousArchiving"), None);
+    assert_eq!(without.archiving, ArchivingHealth::NotConfigured);
+}

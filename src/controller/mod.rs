@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod apply;
+pub mod archiving;
 pub mod build;
 pub mod children;
 pub mod cleanup;

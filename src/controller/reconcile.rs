@@ -2,6 +2,7 @@
 //! observe (caches) → decide (pure) → build (pure) → apply → publish.
 
 use super::apply::apply;
+use super::archiving::ArchivingHealth;
 use super::build::{desired, generate_password, NewPasswords};
 use super::children::cached;
 use super::context::PassContext;
@@ -43,6 +44,19 @@ fn caches_caught_up(database: &DatabaseService, context: &PassContext) -> bool {
     })
 }
 
+/// Sets the WAL archiving metrics from what decide saw (Unknown keeps the last known values).
+fn record_archiving(database: &DatabaseService, health: &ArchivingHealth, context: &PassContext) {
+    let namespace = database.namespace().unwrap_or_default();
+    let name = database.name_any();
+    let metrics = &context.shared.metrics;
+    match health {
+        ArchivingHealth::NotConfigured => metrics.forget_wal_archiving(&namespace, &name),
+        ArchivingHealth::Unknown => {}
+        ArchivingHealth::Healthy => metrics.set_wal_archiving(&namespace, &name, None),
+        ArchivingHealth::Failing { since } => metrics.set_wal_archiving(&namespace, &name, Some(*since)),
+    }
+}
+
 /// Reconciles a DatabaseService that is not being deleted.
 pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
     if !caches_ready(context).await {
@@ -56,6 +70,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     let mut decision = decide(&DecideInput { database, observed: &observed, settings: &context.shared.settings, now });
+    record_archiving(database, &decision.archiving, context);
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
     }

@@ -63,6 +63,24 @@ pub struct InstanceReport {
     /// Set by a primary that stopped cleanly: its shutdown checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_checkpoint_lsn: Option<Lsn>,
+    /// Primary with WAL archiving on: whether `archive_command` succeeds (from pg_stat_archiver).
+    /// Republished only when archiving turns healthy or failing, or fails on another segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archiving: Option<ArchivingReport>,
+}
+
+/// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchivingReport {
+    /// The last attempt failed (no success since the last failure).
+    pub failing: bool,
+    /// Failing: when the first failure of the current streak was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Failing: the WAL segment PostgreSQL could not archive (it keeps it in pg_wal and retries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_wal: Option<String>,
 }
 
 /// What the API shows of an instance's pod.

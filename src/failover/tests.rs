@@ -20,6 +20,7 @@ fn primary_report() -> InstanceReport {
         postgres_ready: true,
         fenced: false,
         disk_full: false,
+        archiving: None,
         shutdown_checkpoint_lsn: None,
     }
 }

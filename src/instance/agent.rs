@@ -1,11 +1,12 @@
 //! The agent's control loop: observe the local server, read what the operator wants, act, and
 //! publish a report when something changed.
 
+use super::archiving::archiving_report;
 use super::postgres::{initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample};
 use super::standby::{self, StandbyError};
 use super::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::failover::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
-use crate::failover::{InstanceReport, Lsn, Role, PENDING};
+use crate::failover::{ArchivingReport, InstanceReport, Lsn, Role, PENDING};
 use std::time::Instant;
 use tokio::sync::watch;
 
@@ -51,6 +52,8 @@ pub struct Agent<C> {
     last_published: Option<InstanceReport>,
     /// Since when a promotion waits for the old primary's last WAL (see [`RELEASED_WAL_WAIT`]).
     waiting_for_released_wal: Option<(Lsn, Instant)>,
+    /// WAL archiving health of this primary (kept while the server is down).
+    archiving: Option<ArchivingReport>,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's shutdown checkpoint while the
@@ -90,6 +93,7 @@ impl<C: ControlPlane> Agent<C> {
             fenced_by_hand: false,
             last_published: None,
             waiting_for_released_wal: None,
+            archiving: None,
         }
     }
 
@@ -126,6 +130,8 @@ impl<C: ControlPlane> Agent<C> {
         if let LocalState::Ready(sample) = &local {
             self.last_sample = Some(sample.clone());
             self.role = Some(if sample.in_recovery { Role::Standby } else { Role::Primary });
+            self.archiving =
+                sample.archiver.as_ref().map(|archiver| archiving_report(self.archiving.as_ref(), archiver));
         }
         let me = self.config.name.as_str();
         let target_me = desired.target_primary.as_deref() == Some(me);
@@ -194,6 +200,7 @@ impl<C: ControlPlane> Agent<C> {
             postgres_ready: ready,
             fenced: self.fenced_by_hand,
             disk_full: false,
+            archiving: self.archiving.clone().filter(|_| role == Role::Primary),
             shutdown_checkpoint_lsn: self.shutdown_checkpoint.filter(|_| !ready),
         }
     }

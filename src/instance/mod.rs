@@ -8,6 +8,7 @@
 //! serves nothing, so the operator never dials a pod. Design: docs/failover.md.
 
 mod agent;
+pub mod archiving;
 pub mod kubernetes;
 pub mod postgres;
 pub mod run;

@@ -7,8 +7,10 @@
 //! `tokio::time::timeout`; no value goes through a shell or an argument list. Over the unix
 //! socket it needs no TLS, so it adds no crypto stack to the static binary.
 
+use super::archiving::ArchiverSample;
 use super::InstanceConfig;
 use crate::failover::Lsn;
+use chrono::{DateTime, Utc};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -51,6 +53,8 @@ pub struct Sample {
     pub timeline: u32,
     /// A WAL receiver is streaming.
     pub streaming: bool,
+    /// Primary with `archive_mode` on: pg_stat_archiver.
+    pub archiver: Option<ArchiverSample>,
 }
 
 /// The local server's state.
@@ -72,7 +76,40 @@ const SAMPLE_QUERY: &str = "SELECT pg_is_in_recovery(),
        THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver WHERE status = 'streaming'),
                      (SELECT timeline_id FROM pg_control_checkpoint()))
        ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
-  EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming')";
+  EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
+  current_setting('archive_mode') <> 'off',
+  failed_count,
+  last_failed_wal,
+  (extract(epoch FROM last_failed_time) * 1000000)::bigint,
+  last_archived_wal,
+  (extract(epoch FROM last_archived_time) * 1000000)::bigint
+FROM pg_stat_archiver";
+
+/// pg_stat_archiver from the sample row: on a primary with `archive_mode` on only (a standby does
+/// not archive with `archive_mode = on`, and its view is stale).
+fn archiver(row: &tokio_postgres::Row) -> Result<Option<ArchiverSample>, PostgresError> {
+    let in_recovery: bool = row.try_get(0)?;
+    let archive_mode_on: bool = row.try_get(6)?;
+    if in_recovery || !archive_mode_on {
+        return Ok(None);
+    }
+    let time = |column: usize| -> Result<Option<DateTime<Utc>>, PostgresError> {
+        let micros: Option<i64> = row.try_get(column)?;
+        micros
+            .map(|micros| {
+                DateTime::from_timestamp_micros(micros)
+                    .ok_or_else(|| PostgresError::Answer(format!("pg_stat_archiver time out of range: {micros}")))
+            })
+            .transpose()
+    };
+    Ok(Some(ArchiverSample {
+        failed_count: row.try_get(7)?,
+        last_failed_wal: row.try_get(8)?,
+        last_failed_time: time(9)?,
+        last_archived_wal: row.try_get(10)?,
+        last_archived_time: time(11)?,
+    }))
+}
 
 /// A supervised PostgreSQL server.
 pub struct Postgres {
@@ -228,6 +265,7 @@ impl Postgres {
                 replay_lsn: lsn(row.try_get(3)?)?,
                 timeline: u32::try_from(row.try_get::<_, i32>(4)?).unwrap_or(0),
                 streaming: row.try_get(5)?,
+                archiver: archiver(&row)?,
             })
         })()
     }
