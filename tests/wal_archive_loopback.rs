@@ -10,123 +10,57 @@
 //! Without PostgreSQL or moto_server the test is skipped, except under CI=true, where it first
 //! tries to install moto_server with pip and otherwise fails.
 
-use dbservice_operator::backup::client::{Addressing, S3Client, StoreSettings};
-use dbservice_operator::backup::signing::AccessKey;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "support/loopback.rs"]
+mod loopback;
+#[path = "support/object_store.rs"]
+mod object_store;
+
+use dbservice_operator::backup::spec::BackupSpec;
+use dbservice_operator::controller::archiving::{
+    decide_archiving, FAILING_EVENT, FAILING_REASON, FAILING_TOO_LONG_REASON, RECOVERED_EVENT,
+};
+use dbservice_operator::controller::journal::Journal;
+use dbservice_operator::failover::{ArchivingReport, FailoverSettings};
+use object_store::{
+    connect, free_port, moto_server, pg_bin, run_as, skip_or_fail, store_environment, wait_for, Sandbox, Store, BINARY,
+    PREFIX, SERVER_NAME,
+};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const BUCKET: &str = "wal-archive-test";
-const PREFIX: &str = "loopback";
-const SERVER_NAME: &str = "orders";
-const BINARY: &str = env!("CARGO_BIN_EXE_dbservice-operator");
-
-fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| value == "true")
-}
-
-fn skip_or_fail(what: &str) -> bool {
-    assert!(!is_ci(), "CI=true but {what}");
-    eprintln!("SKIPPED: {what}");
-    false
-}
-
-fn pg_bin() -> Option<PathBuf> {
-    if let Ok(bin) = std::env::var("DBSERVICE_TEST_PG_BIN") {
-        return Some(PathBuf::from(bin));
-    }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| Some((entry.file_name().to_str()?.parse().ok()?, entry.path().join("bin"))))
-        .filter(|(_, bin): &(u32, PathBuf)| bin.join("postgres").is_file() && bin.join("initdb").is_file())
-        .collect();
-    found.sort();
-    found.pop().map(|(_, bin)| bin)
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|directory| directory.join(name))
-        .find(|candidate| candidate.is_file())
-}
-
-/// moto_server, installed with pip under CI when missing.
-fn moto_server() -> Option<PathBuf> {
-    if let Some(found) = find_on_path("moto_server") {
-        return Some(found);
-    }
-    if is_ci() {
-        let _ = Command::new("python3").args(["-m", "pip", "install", "-q", "moto[server]"]).status();
-        let scripts = Command::new("python3")
-            .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
-            .output()
-            .ok()
-            .map(|output| PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("moto_server"));
-        return find_on_path("moto_server").or(scripts.filter(|path| path.is_file()));
-    }
-    None
-}
-
-/// (uid, gid) to run PostgreSQL as when the test runs as root: it refuses to run as root.
-fn run_as() -> Option<(u32, u32)> {
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let passwd = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
-    ["postgres", "nobody"]
-        .iter()
-        .find_map(|wanted| {
-            passwd.lines().map(|line| line.split(':').collect::<Vec<_>>()).find_map(|fields| {
-                (fields.len() > 3 && fields[0] == *wanted)
-                    .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))?
-            })
-        })
-        .or_else(|| panic!("running as root, but no postgres or nobody user to run PostgreSQL"))
-}
-
-fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Kills a child process when dropped (also when the test panics).
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A TCP relay to the store that the test can stop (connection refused) and start again.
+/// A TCP relay to the store that the test can stop (connection refused), start again, or turn
+/// into a server that answers every request with 500 Internal Server Error.
 struct Relay {
     address: SocketAddr,
     target: SocketAddr,
+    failing: Arc<AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Relay {
     async fn start(address: SocketAddr, target: SocketAddr) -> Relay {
-        let mut relay = Relay { address, target, task: None };
+        let mut relay = Relay { address, target, failing: Arc::default(), task: None };
         relay.resume().await;
         relay
     }
 
     async fn resume(&mut self) {
         let listener = TcpListener::bind(self.address).await.expect("bind relay");
-        let target = self.target;
+        let (target, failing) = (self.target, self.failing.clone());
         self.task = Some(tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((mut inbound, _)) = listener.accept().await {
+                let failing = failing.load(Ordering::SeqCst);
                 connections.spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
+                    if failing {
+                        answer_500(&mut inbound).await;
+                    } else if let Ok(mut outbound) = TcpStream::connect(target).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
                 });
@@ -141,82 +75,49 @@ impl Relay {
             let _ = task.await;
         }
     }
-}
 
-struct Postgres {
-    port: u16,
-    pgdata: PathBuf,
-    _server: Process,
-}
-
-async fn connect(port: u16) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(
-        &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
-        tokio_postgres::NoTls,
-    )
-    .await?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-async fn wait_for<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    /// New connections get 500s (true) or reach the store (false).
+    fn fail_with_500(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
     }
 }
 
-fn store_environment(endpoint: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("DBSERVICE_S3_ENDPOINT", endpoint.to_string()),
-        ("DBSERVICE_S3_BUCKET", BUCKET.to_string()),
-        ("DBSERVICE_S3_PATH", PREFIX.to_string()),
-        ("DBSERVICE_BACKUP_SERVER_NAME", SERVER_NAME.to_string()),
-        ("DBSERVICE_S3_REGION", "us-east-1".to_string()),
-        ("AWS_ACCESS_KEY_ID", "test-key".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "test-secret".to_string()),
-        ("DBSERVICE_S3_TIMEOUT_SECONDS", "5".to_string()),
-    ]
-}
-
-fn start_postgres(bin: &Path, base: &Path, owner: Option<(u32, u32)>, endpoint: &str) -> Postgres {
-    let pgdata = base.join("pgdata");
-    let as_owner = |command: &mut Command| {
-        if let Some((uid, gid)) = owner {
-            command.uid(uid).gid(gid);
+/// Reads a request head and answers 500, closing the connection (a store that is up but broken).
+async fn answer_500(stream: &mut TcpStream) {
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !head.windows(4).any(|window| window == b"\r\n\r\n") && head.len() < 64 * 1024 {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
+            Ok(Ok(read)) if read > 0 => head.extend_from_slice(&buffer[..read]),
+            _ => return,
         }
-    };
-    let mut initdb = Command::new(bin.join("initdb"));
-    initdb.args(["-D", pgdata.to_str().unwrap(), "-U", "postgres", "--auth=trust", "--no-sync"]).stdout(Stdio::null());
-    as_owner(&mut initdb);
-    assert!(initdb.status().expect("run initdb").success(), "initdb failed");
-    let port = free_port();
-    let settings = format!(
-        "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\narchive_mode = on\n\
-         archive_command = '\"{BINARY}\" wal-archive %p %f'\nwal_keep_size = '2GB'\nfsync = off\n",
-        base.display()
+    }
+    let body = "<Error><Code>InternalError</Code><Message>injected by the test</Message></Error>";
+    let response = format!(
+        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     );
-    let configuration = pgdata.join("postgresql.conf");
-    let mut content = std::fs::read_to_string(&configuration).unwrap();
-    content.push_str(&settings);
-    std::fs::write(&configuration, content).unwrap();
-    let log = std::fs::File::create(base.join("postgres.log")).unwrap();
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// The relay in front of a moto_server: (store, relay, endpoint PostgreSQL archives to).
+async fn store_behind_relay(moto: &Path, base: &Path) -> (Store, Relay, String) {
+    let store = Store::start(moto, &base.join("moto.log")).await;
+    let target: SocketAddr = store.endpoint.trim_start_matches("http://").parse().unwrap();
+    let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let relay = Relay::start(address, target).await;
+    (store, relay, format!("http://{address}"))
+}
+
+/// A temporary directory the PostgreSQL user may use.
+fn sandbox_directory() -> (tempfile::TempDir, Option<(u32, u32)>) {
+    let owner = run_as();
+    let temporary = tempfile::Builder::new().prefix("dbservice-wal-archive-").tempdir_in("/tmp").unwrap();
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(base.join("postgres.log"), Some(uid), Some(gid)).unwrap();
+        std::os::unix::fs::chown(temporary.path(), Some(uid), Some(gid)).unwrap();
     }
-    let mut postgres = Command::new(bin.join("postgres"));
-    postgres
-        .args(["-D", pgdata.to_str().unwrap()])
-        .envs(store_environment(endpoint))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    as_owner(&mut postgres);
-    let server = Process(postgres.spawn().expect("start postgres"));
-    Postgres { port, pgdata, _server: server }
+    (temporary, owner)
 }
 
 /// (archived_count, last_archived_wal, failed_count) from pg_stat_archiver.
@@ -252,40 +153,14 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
         skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
         return;
     };
-    let owner = run_as();
-    let temporary = tempfile::Builder::new().prefix("dbservice-wal-archive-").tempdir_in("/tmp").unwrap();
+    let (temporary, owner) = sandbox_directory();
     let base = temporary.path().to_path_buf();
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&base, Some(uid), Some(gid)).unwrap();
-    }
-
-    let moto_port = free_port();
-    let moto_log = std::fs::File::create(base.join("moto.log")).unwrap();
-    let _moto = Process(
-        Command::new(&moto)
-            .args(["-H", "127.0.0.1", "-p", &moto_port.to_string()])
-            .stdout(moto_log.try_clone().unwrap())
-            .stderr(moto_log)
-            .spawn()
-            .expect("start moto_server"),
-    );
-    let relay_address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut relay = Relay::start(relay_address, format!("127.0.0.1:{moto_port}").parse().unwrap()).await;
-    let endpoint = format!("http://{relay_address}");
-    let store = S3Client::new(StoreSettings {
-        endpoint: endpoint.clone(),
-        bucket: BUCKET.to_string(),
-        region: "us-east-1".to_string(),
-        access_key: AccessKey { id: "test-key".into(), secret: "test-secret".into() },
-        ca_file: None,
-        timeout: Duration::from_secs(5),
-        addressing: Addressing::Path,
-    })
-    .unwrap();
-    wait_for("moto_server to create the bucket", Duration::from_secs(30), async || store.create_bucket().await.ok())
-        .await;
-
-    let postgres = start_postgres(&bin, &base, owner, &endpoint);
+    let (store, mut relay, endpoint) = store_behind_relay(&moto, &base).await;
+    // The test reads and deletes objects directly, not through the relay it breaks.
+    let store = store.client.clone();
+    let sandbox = Sandbox { bin, base: base.clone(), owner, endpoint: endpoint.clone() };
+    let pgdata = sandbox.initdb("pgdata");
+    let postgres = sandbox.start(&pgdata, &["wal_keep_size=2GB"]);
     let client = wait_for("PostgreSQL to accept connections", Duration::from_secs(30), async || {
         connect(postgres.port).await.ok()
     })
@@ -393,4 +268,192 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
     assert!(store.head_object(&key).await.unwrap().is_none(), "{key} still there after DeleteObject");
     store.delete_object(&key).await.unwrap();
     drop(client);
+}
+
+/// pg_stat_archiver of a loopback-harness instance, over TCP: (last_archived_wal, failed_count).
+async fn archiver_over_tcp(port: u16) -> (String, i64) {
+    let rows = loopback::query(port, "select coalesce(last_archived_wal, ''), failed_count from pg_stat_archiver")
+        .await
+        .unwrap();
+    (rows[0].get(0), rows[0].get(1))
+}
+
+/// Writes rows over TCP, switches to a new segment and returns the one just completed.
+async fn write_and_switch_over_tcp(port: u16) -> String {
+    loopback::query(port, "insert into items (payload) select repeat('x', 200) from generate_series(1, 2000)")
+        .await
+        .unwrap();
+    loopback::query(port, "select pg_walfile_name(pg_switch_wal())").await.unwrap()[0].get(0)
+}
+
+/// Segment number of a WAL file name (16 MiB segments: 256 per "log").
+fn segment_number(segment: &str) -> u64 {
+    let log = u64::from_str_radix(&segment[8..16], 16).unwrap();
+    let number = u64::from_str_radix(&segment[16..24], 16).unwrap();
+    log * 0x100 + number
+}
+
+/// The operator's view of `report` at `now`: (condition "status/reason", event reasons).
+fn operator_view(
+    backup: &BackupSpec,
+    report: Option<&ArchivingReport>,
+    status: &mut dbservice_operator::api::DatabaseServiceStatus,
+    now: chrono::DateTime<chrono::Utc>,
+) -> (String, Vec<String>) {
+    let mut journal = Journal::default();
+    decide_archiving(Some(backup), Some("db-0"), report, status, &mut journal, 1, now);
+    let condition = status
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == "ContinuousArchiving")
+        .map(|condition| format!("{}/{}", condition.status, condition.reason))
+        .unwrap_or_default();
+    (condition, journal.reasons().into_iter().map(String::from).collect())
+}
+
+/// The real instance agent runs PostgreSQL archiving through `wal-archive` to moto_server behind a
+/// relay; the store answers 500s, then refuses connections, then comes back. Asserts that
+/// PostgreSQL keeps the segments (.ready in pg_wal) and retries, that the agent publishes exactly
+/// one report when archiving starts failing (none per archived segment or per retry) and one
+/// when it recovers, that the operator's ContinuousArchiving condition turns False, warns after
+/// the threshold and recovers, and that the archive then holds every segment without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_lost() {
+    let Some(bin) = loopback::pg_bin() else { return };
+    let Some(moto) = moto_server() else {
+        skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
+        return;
+    };
+    let (temporary, _) = sandbox_directory();
+    let base = temporary.path().to_path_buf();
+    let (store, mut relay, endpoint) = store_behind_relay(&moto, &base).await;
+    // The pod's archive_command is the binary with the store in its environment; here a script
+    // carries that environment (the agent starts PostgreSQL with the test's own).
+    let script = base.join("wal-archive.sh");
+    let exports: String =
+        store_environment(&endpoint).iter().map(|(name, value)| format!("export {name}='{value}'\n")).collect();
+    std::fs::write(&script, format!("#!/bin/sh\n{exports}exec '{BINARY}' wal-archive \"$1\" \"$2\"\n")).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let archive_command = format!("'{}' %p %f", script.display());
+    let settings = [("archive_mode", "on"), ("archive_command", archive_command.as_str())];
+    let cluster =
+        loopback::Cluster::start_with_server_settings(bin, &["db-0"], FailoverSettings::default(), &settings).await;
+    let (port, pgdata) = (cluster.port("db-0"), cluster.pgdata("db-0"));
+    let world = cluster.world.clone();
+    let report = move || world.lock().unwrap().reports.get("db-0").and_then(|report| report.archiving.clone());
+    let world = cluster.world.clone();
+    let publishes = move || world.lock().unwrap().publishes;
+    let backup = BackupSpec { archive_failure_warning_seconds: Some(30), ..Default::default() };
+    let mut status = dbservice_operator::api::DatabaseServiceStatus::default();
+
+    // 1. Archiving works: the report says so once, and archived segments publish nothing.
+    wait_for("a healthy archiving report", Duration::from_secs(60), async || report().filter(|report| !report.failing))
+        .await;
+    loopback::query(port, "create table items (id bigserial primary key, payload text not null)").await.unwrap();
+    let published_healthy = publishes();
+    let mut segments = Vec::new();
+    for _ in 0..6 {
+        segments.push(write_and_switch_over_tcp(port).await);
+    }
+    let last = segments.last().unwrap().clone();
+    wait_for("the first segments to be archived", Duration::from_secs(60), async || {
+        (archiver_over_tcp(port).await.0 >= last).then_some(())
+    })
+    .await;
+    assert_eq!(operator_view(&backup, report().as_ref(), &mut status, chrono::Utc::now()).0, "True/Archiving");
+
+    // 2. The store answers 500: PostgreSQL keeps the segments and retries; one report says so.
+    relay.fail_with_500(true);
+    let failed_before = archiver_over_tcp(port).await.1;
+    let mut outage = Vec::new();
+    for _ in 0..2 {
+        outage.push(write_and_switch_over_tcp(port).await);
+    }
+    let failing = wait_for("the agent to report failing archiving", Duration::from_secs(60), async || {
+        report().filter(|report| report.failing)
+    })
+    .await;
+    assert_eq!(failing.failed_wal.as_deref(), Some(outage[0].as_str()), "{failing:?}");
+    let since = failing.failing_since.expect("the start of the failing streak");
+    assert_eq!(publishes(), published_healthy + 1, "6 archived segments and a failure: one report, the failure");
+    let (condition, events) = operator_view(&backup, Some(&failing), &mut status, chrono::Utc::now());
+    assert_eq!((condition.as_str(), events.len()), (format!("False/{FAILING_REASON}").as_str(), 0));
+    assert!(status.conditions[0].message.contains(&outage[0]), "{}", status.conditions[0].message);
+    // More segments and retries: PostgreSQL fails again and again; the report does not move.
+    outage.push(write_and_switch_over_tcp(port).await);
+    wait_for("PostgreSQL to retry", Duration::from_secs(60), async || {
+        (archiver_over_tcp(port).await.1 >= failed_before + 4).then_some(())
+    })
+    .await;
+    assert_eq!(archiver_over_tcp(port).await.0, last, "nothing may count as archived while the store fails");
+    for segment in &outage {
+        let ready = pgdata.join("pg_wal/archive_status").join(format!("{segment}.ready"));
+        assert!(ready.exists(), "{segment} is no longer waiting for the archiver");
+        assert!(pgdata.join("pg_wal").join(segment).exists(), "{segment} left pg_wal");
+    }
+
+    // 3. The store goes away altogether: the same streak; past the threshold the operator warns.
+    relay.stop().await;
+    relay.fail_with_500(false);
+    outage.push(write_and_switch_over_tcp(port).await);
+    let warned = wait_for("the warning threshold", Duration::from_secs(90), async || {
+        let now = chrono::Utc::now();
+        let view = operator_view(&backup, report().as_ref(), &mut status, now);
+        (view.0 == format!("False/{FAILING_TOO_LONG_REASON}")).then_some(view.1)
+    })
+    .await;
+    assert_eq!(warned, [FAILING_EVENT], "the warning fires once, when the threshold is crossed");
+    assert_eq!(report().and_then(|report| report.failing_since), Some(since), "a streak keeps its start");
+    assert_eq!(publishes(), published_healthy + 1, "retries publish nothing");
+
+    // 4. The store is back: archiving catches up; one report, and the operator records recovery.
+    relay.resume().await;
+    let nudge = write_and_switch_over_tcp(port).await;
+    wait_for("archiving to catch up", Duration::from_secs(120), async || {
+        (archiver_over_tcp(port).await.0 >= nudge).then_some(())
+    })
+    .await;
+    let healthy =
+        wait_for("a healthy report again", Duration::from_secs(30), async || report().filter(|report| !report.failing))
+            .await;
+    assert_eq!(publishes(), published_healthy + 2, "one report for the failure, one for the recovery");
+    let (condition, events) = operator_view(&backup, Some(&healthy), &mut status, chrono::Utc::now());
+    assert_eq!((condition.as_str(), events), ("True/Archiving", vec![RECOVERED_EVENT.to_string()]));
+
+    // 5. Nothing is lost: the archive holds every segment from the first to the last, without a
+    //    gap, and a segment of the outage restores byte for byte.
+    let listed: Vec<String> = store
+        .client
+        .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|object| object.key)
+        .collect();
+    let archived: std::collections::BTreeSet<u64> = listed
+        .iter()
+        .filter_map(|key| {
+            key.rsplit('/').next()?.strip_suffix(".zst").filter(|name| name.len() == 24).map(segment_number)
+        })
+        .collect();
+    let first = segment_number(&segments[0]);
+    for number in first..=segment_number(&nudge) {
+        assert!(archived.contains(&number), "segment number {number:X} missing from the archive: {listed:?}");
+    }
+    let restored = base.join("restored");
+    let status_code = Command::new(BINARY)
+        .args(["wal-restore", &outage[0], restored.to_str().unwrap()])
+        .envs(store_environment(&endpoint))
+        .status()
+        .unwrap();
+    assert!(status_code.success(), "wal-restore {} failed", outage[0]);
+    let original = std::fs::read(pgdata.join("pg_wal").join(&outage[0])).unwrap();
+    assert!(std::fs::read(&restored).unwrap() == original, "{} differs after restore", outage[0]);
+    eprintln!(
+        "archived {} segments ({} across the outage) with {} reports published in all",
+        segment_number(&nudge) - first + 1,
+        outage.len(),
+        publishes()
+    );
+    cluster.shutdown().await;
 }

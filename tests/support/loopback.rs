@@ -121,6 +121,8 @@ pub struct World {
     /// Every distinct operator action, with when it was decided.
     pub actions: Vec<(Instant, Action)>,
     pub lease_writes: u64,
+    /// Reports published by the agents (each one a pod write in Kubernetes).
+    pub publishes: u64,
 }
 
 pub type SharedWorld = Arc<Mutex<World>>;
@@ -155,7 +157,9 @@ impl ControlPlane for MemoryControlPlane {
     }
 
     async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
-        self.reachable()?.reports.insert(self.name.clone(), report.clone());
+        let mut world = self.reachable()?;
+        world.reports.insert(self.name.clone(), report.clone());
+        world.publishes += 1;
         Ok(())
     }
 
@@ -276,6 +280,16 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with the operator's failover settings.
     pub async fn start_with(pg_bin: PathBuf, names: &[&str], settings: FailoverSettings) -> Cluster {
+        Self::start_with_server_settings(pg_bin, names, settings, &[]).await
+    }
+
+    /// Like [`Cluster::start_with`], with extra PostgreSQL settings (name, value) on every instance.
+    pub async fn start_with_server_settings(
+        pg_bin: PathBuf,
+        names: &[&str],
+        settings: FailoverSettings,
+        server_settings: &[(&str, &str)],
+    ) -> Cluster {
         // The agents' logs go to the test output (shown for failing tests, or with --nocapture).
         let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("dbservice_operator=info").try_init();
         let owner = os_user();
@@ -304,7 +318,11 @@ impl Cluster {
                 replication_user: SUPERUSER.into(),
                 replication_password: PASSWORD.into(),
                 // As the pod scripts set it: keeps the WAL pg_rewind reads back to the last common checkpoint.
-                settings: vec![("shared_buffers".into(), "16MB".into()), ("wal_keep_size".into(), "256MB".into())],
+                settings: [("shared_buffers", "16MB"), ("wal_keep_size", "256MB")]
+                    .iter()
+                    .chain(server_settings)
+                    .map(|(name, value)| (name.to_string(), value.to_string()))
+                    .collect(),
                 log_file: base.join("postgres.log"),
                 os_user: owner,
                 health_timeout: Duration::from_secs(1),
