@@ -256,18 +256,18 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     assert_eq!(ids, vec![backup_id.as_str(), second["id"].as_str().unwrap()]);
     assert_eq!(listed["recoverableWindow"]["firstRecoverabilityPoint"], backup["endTime"]);
     let in_two_days = (chrono::Utc::now() + chrono::Duration::days(2)).to_rfc3339();
-    let wal_before: Vec<String> = wal_keys(&store).await;
+    let wal_before: Vec<String> = store.wal_keys().await;
     let prune = ["backup-prune", "--retention=1d", &format!("--at={in_two_days}")];
     let dry_run: serde_json::Value =
         serde_json::from_str(&sandbox.run(&[prune[0], prune[1], prune[2], "--dry-run"])).unwrap();
-    assert_eq!(wal_keys(&store).await, wal_before, "a dry run deleted WAL");
+    assert_eq!(store.wal_keys().await, wal_before, "a dry run deleted WAL");
     let pruned: serde_json::Value = serde_json::from_str(&sandbox.run(&prune)).unwrap();
     assert_eq!(pruned["expiredBackups"], dry_run["expiredBackups"]);
     assert_eq!(pruned["expiredBackups"], serde_json::json!([backup_id]));
     let first_prefix = format!("{PREFIX}/{SERVER_NAME}/base/{backup_id}/");
     assert!(store.client.list_objects(&first_prefix).await.unwrap().is_empty(), "chunks of the expired backup remain");
     let second_begin = second["beginWal"].as_str().unwrap().to_string();
-    let wal_after = wal_keys(&store).await;
+    let wal_after = store.wal_keys().await;
     for key in &wal_before {
         let name = key.rsplit('/').next().unwrap().trim_end_matches(".zst");
         let needed = name.ends_with(".history") || name[8..24] >= second_begin[8..24];
@@ -296,15 +296,4 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     let error = sandbox.try_run(&["restore", "--pgdata", target.to_str().unwrap()]).unwrap_err();
     assert!(error.contains(&chunk) && error.contains("differs from the recorded"), "{error}");
     drop(promoted);
-}
-
-async fn wal_keys(store: &Store) -> Vec<String> {
-    store
-        .client
-        .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|object| object.key)
-        .collect()
 }

@@ -1,14 +1,18 @@
 //! Continuous WAL archiving with real PostgreSQL and a real S3-compatible server on loopback.
 //!
 //! PostgreSQL runs with `archive_command = dbservice-operator wal-archive %p %f`; the store is
-//! moto_server (`pip install 'moto[server]'`), reached through a TCP relay owned by the test so
-//! that "the store is down" (connection refused) and "it is back" need no restart of moto, whose
-//! state lives in memory. The test asserts that switched segments land in the bucket, that while
-//! the store is down PostgreSQL keeps failing and retrying without losing a segment, that archiving
-//! catches up once it is back, and that `wal-restore` returns each segment byte for byte.
+//! moto_server (`pip install 'moto[server]'`, started by tests/support/object_store.rs), reached
+//! through a TCP relay owned by the test so that "the store is down" (connection refused), "it
+//! answers 500" and "it is back" need no restart of moto, whose state lives in memory.
 //!
-//! Without PostgreSQL or moto_server the test is skipped, except under CI=true, where it first
-//! tries to install moto_server with pip and otherwise fails.
+//! The first test asserts that switched segments land in the bucket, that while the store is down
+//! PostgreSQL keeps failing and retrying without losing a segment, that archiving catches up once
+//! it is back, and that `wal-restore` returns each segment byte for byte. The second runs the real
+//! instance agent (tests/support/loopback.rs) and follows its archiving report and the operator's
+//! ContinuousArchiving condition through 500s, refused connections and recovery (issue 12).
+//!
+//! Without PostgreSQL or moto_server the tests are skipped, except under CI=true, where they first
+//! try to install them and otherwise fail.
 
 #[path = "support/loopback.rs"]
 mod loopback;
@@ -22,11 +26,11 @@ use dbservice_operator::controller::archiving::{
 use dbservice_operator::controller::journal::Journal;
 use dbservice_operator::failover::{ArchivingReport, FailoverSettings};
 use object_store::{
-    connect, free_port, moto_server, pg_bin, run_as, skip_or_fail, store_environment, wait_for, Sandbox, Store, BINARY,
-    PREFIX, SERVER_NAME,
+    connect, free_port, moto_server, run_as, skip_or_fail, store_environment, wait_for, Sandbox, Store, BINARY, PREFIX,
+    SERVER_NAME,
 };
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -101,23 +105,45 @@ async fn answer_500(stream: &mut TcpStream) {
     let _ = stream.shutdown().await;
 }
 
-/// The relay in front of a moto_server: (store, relay, endpoint PostgreSQL archives to).
-async fn store_behind_relay(moto: &Path, base: &Path) -> (Store, Relay, String) {
-    let store = Store::start(moto, &base.join("moto.log")).await;
-    let target: SocketAddr = store.endpoint.trim_start_matches("http://").parse().unwrap();
-    let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let relay = Relay::start(address, target).await;
-    (store, relay, format!("http://{address}"))
+/// PostgreSQL's binaries and moto_server, or None once it was said why the test is skipped
+/// (under CI=true their absence fails the test).
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    let bin = loopback::pg_bin()?;
+    let Some(moto) = moto_server() else {
+        skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
+        return None;
+    };
+    Some((bin, moto))
 }
 
-/// A temporary directory the PostgreSQL user may use.
-fn sandbox_directory() -> (tempfile::TempDir, Option<(u32, u32)>) {
-    let owner = run_as();
-    let temporary = tempfile::Builder::new().prefix("dbservice-wal-archive-").tempdir_in("/tmp").unwrap();
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(temporary.path(), Some(uid), Some(gid)).unwrap();
+/// A directory the PostgreSQL user may use, and moto_server behind a relay the test controls.
+struct Harness {
+    temporary: tempfile::TempDir,
+    owner: Option<(u32, u32)>,
+    /// The store, reached directly (not through the relay the test breaks).
+    store: Store,
+    relay: Relay,
+    /// The relay's endpoint, which PostgreSQL archives to.
+    endpoint: String,
+}
+
+impl Harness {
+    async fn start(moto: &Path) -> Harness {
+        let owner = run_as();
+        let temporary = tempfile::Builder::new().prefix("dbservice-wal-archive-").tempdir_in("/tmp").unwrap();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(temporary.path(), Some(uid), Some(gid)).unwrap();
+        }
+        let store = Store::start(moto, &temporary.path().join("moto.log")).await;
+        let target: SocketAddr = store.endpoint.trim_start_matches("http://").parse().unwrap();
+        let address: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let relay = Relay::start(address, target).await;
+        Harness { temporary, owner, store, relay, endpoint: format!("http://{address}") }
     }
-    (temporary, owner)
+
+    fn base(&self) -> PathBuf {
+        self.temporary.path().to_path_buf()
+    }
 }
 
 /// (archived_count, last_archived_wal, failed_count) from pg_stat_archiver.
@@ -145,19 +171,9 @@ fn segment_key(segment: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
-    let Some(bin) = pg_bin() else {
-        skip_or_fail("no PostgreSQL binaries (apt-get install postgresql-15, or set DBSERVICE_TEST_PG_BIN)");
-        return;
-    };
-    let Some(moto) = moto_server() else {
-        skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
-        return;
-    };
-    let (temporary, owner) = sandbox_directory();
+    let Some((bin, moto)) = tools() else { return };
+    let Harness { temporary, owner, store, mut relay, endpoint } = Harness::start(&moto).await;
     let base = temporary.path().to_path_buf();
-    let (store, mut relay, endpoint) = store_behind_relay(&moto, &base).await;
-    // The test reads and deletes objects directly, not through the relay it breaks.
-    let store = store.client.clone();
     let sandbox = Sandbox { bin, base: base.clone(), owner, endpoint: endpoint.clone() };
     let pgdata = sandbox.initdb("pgdata");
     let postgres = sandbox.start(&pgdata, &["wal_keep_size=2GB"]);
@@ -185,13 +201,7 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
         elapsed.as_secs_f64(),
         segments.len() as f64 / elapsed.as_secs_f64()
     );
-    let listed: Vec<String> = store
-        .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|object| object.key)
-        .collect();
+    let listed = store.wal_keys().await;
     for segment in &segments {
         assert!(listed.contains(&segment_key(segment)), "{segment} not in the bucket: {listed:?}");
     }
@@ -223,7 +233,10 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
     })
     .await;
     for segment in during_outage.iter().chain([&nudge]) {
-        assert!(store.head_object(&segment_key(segment)).await.unwrap().is_some(), "{segment} missing after recovery");
+        assert!(
+            store.client.head_object(&segment_key(segment)).await.unwrap().is_some(),
+            "{segment} missing after recovery"
+        );
     }
 
     // 4. wal-restore returns every archived segment byte for byte; a missing one is an error exit.
@@ -264,9 +277,9 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
 
     // 6. DELETE removes an object (what retention will use); deleting it again is not an error.
     let key = segment_key(&segments[0]);
-    store.delete_object(&key).await.unwrap();
-    assert!(store.head_object(&key).await.unwrap().is_none(), "{key} still there after DeleteObject");
-    store.delete_object(&key).await.unwrap();
+    store.client.delete_object(&key).await.unwrap();
+    assert!(store.client.head_object(&key).await.unwrap().is_none(), "{key} still there after DeleteObject");
+    store.client.delete_object(&key).await.unwrap();
     drop(client);
 }
 
@@ -319,14 +332,9 @@ fn operator_view(
 /// the threshold and recovers, and that the archive then holds every segment without a gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_lost() {
-    let Some(bin) = loopback::pg_bin() else { return };
-    let Some(moto) = moto_server() else {
-        skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
-        return;
-    };
-    let (temporary, _) = sandbox_directory();
-    let base = temporary.path().to_path_buf();
-    let (store, mut relay, endpoint) = store_behind_relay(&moto, &base).await;
+    let Some((bin, moto)) = tools() else { return };
+    let mut harness = Harness::start(&moto).await;
+    let (base, endpoint) = (harness.base(), harness.endpoint.clone());
     // The pod's archive_command is the binary with the store in its environment; here a script
     // carries that environment (the agent starts PostgreSQL with the test's own).
     let script = base.join("wal-archive.sh");
@@ -363,7 +371,7 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
     assert_eq!(operator_view(&backup, report().as_ref(), &mut status, chrono::Utc::now()).0, "True/Archiving");
 
     // 2. The store answers 500: PostgreSQL keeps the segments and retries; one report says so.
-    relay.fail_with_500(true);
+    harness.relay.fail_with_500(true);
     let failed_before = archiver_over_tcp(port).await.1;
     let mut outage = Vec::new();
     for _ in 0..2 {
@@ -393,8 +401,8 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
     }
 
     // 3. The store goes away altogether: the same streak; past the threshold the operator warns.
-    relay.stop().await;
-    relay.fail_with_500(false);
+    harness.relay.stop().await;
+    harness.relay.fail_with_500(false);
     outage.push(write_and_switch_over_tcp(port).await);
     let warned = wait_for("the warning threshold", Duration::from_secs(90), async || {
         let now = chrono::Utc::now();
@@ -407,7 +415,7 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
     assert_eq!(publishes(), published_healthy + 1, "retries publish nothing");
 
     // 4. The store is back: archiving catches up; one report, and the operator records recovery.
-    relay.resume().await;
+    harness.relay.resume().await;
     let nudge = write_and_switch_over_tcp(port).await;
     wait_for("archiving to catch up", Duration::from_secs(120), async || {
         (archiver_over_tcp(port).await.0 >= nudge).then_some(())
@@ -422,14 +430,7 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
 
     // 5. Nothing is lost: the archive holds every segment from the first to the last, without a
     //    gap, and a segment of the outage restores byte for byte.
-    let listed: Vec<String> = store
-        .client
-        .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|object| object.key)
-        .collect();
+    let listed = harness.store.wal_keys().await;
     let archived: std::collections::BTreeSet<u64> = listed
         .iter()
         .filter_map(|key| {

@@ -175,6 +175,19 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Keys of every archived WAL file of the test's server.
+    pub async fn wal_keys(&self) -> Vec<String> {
+        self.client
+            .list_objects(&format!("{PREFIX}/{SERVER_NAME}/wal/"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|object| object.key)
+            .collect()
+    }
+}
+
 /// A PostgreSQL server process.
 pub struct Postgres {
     pub port: u16,
