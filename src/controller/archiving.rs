@@ -81,13 +81,13 @@ pub fn decide_archiving(
         .find(|condition| condition.type_ == kind)
         .map(|condition| condition.reason.clone())
         .unwrap_or_default();
-    let generation = Some(generation);
+    let observed_generation = Some(generation);
     if !report.failing {
         let message = format!("primary {primary} archives its WAL to the object store");
-        conditions::set(&mut status.conditions, kind, true, ARCHIVING_REASON, message, generation, now);
+        conditions::set(&mut status.conditions, kind, true, ARCHIVING_REASON, message, observed_generation, now);
         if previous_reason == FAILING_TOO_LONG_REASON {
             let note = format!("WAL archiving works again on primary {primary}");
-            let entry = LedgerEntry::at(now, generation.unwrap_or(0), RECOVERED_EVENT, "failing", "archiving", &note);
+            let entry = LedgerEntry::at(now, generation, RECOVERED_EVENT, "failing", "archiving", &note);
             journal.record(false, RECOVERED_EVENT, note, Some(entry));
         }
         return ArchivingOutcome { health: ArchivingHealth::Healthy, warn_in: None };
@@ -102,7 +102,7 @@ pub fn decide_archiving(
             "primary {primary} has failed to archive WAL segment {segment} since {}; PostgreSQL keeps it in pg_wal and retries",
             rfc3339(since)
         );
-        conditions::set(&mut status.conditions, kind, false, FAILING_REASON, message, generation, now);
+        conditions::set(&mut status.conditions, kind, false, FAILING_REASON, message, observed_generation, now);
         return ArchivingOutcome { health, warn_in: Some((threshold - failing_for).max(Duration::from_secs(1))) };
     }
     let message = format!(
@@ -110,10 +110,18 @@ pub fn decide_archiving(
         rfc3339(since),
         threshold.as_secs()
     );
-    conditions::set(&mut status.conditions, kind, false, FAILING_TOO_LONG_REASON, message.clone(), generation, now);
+    conditions::set(
+        &mut status.conditions,
+        kind,
+        false,
+        FAILING_TOO_LONG_REASON,
+        message.clone(),
+        observed_generation,
+        now,
+    );
     if previous_reason != FAILING_TOO_LONG_REASON {
         let outcome = format!("failing since {}", rfc3339(since));
-        let entry = LedgerEntry::at(now, generation.unwrap_or(0), FAILING_EVENT, segment, "", outcome);
+        let entry = LedgerEntry::at(now, generation, FAILING_EVENT, segment, "", outcome);
         journal.record(true, FAILING_EVENT, message, Some(entry));
     }
     ArchivingOutcome { health, warn_in: None }
