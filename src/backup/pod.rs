@@ -77,3 +77,24 @@ pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService) {
         postgres.env.get_or_insert_with(Vec::new).extend(archive_environment(database));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unset_path_is_no_empty_value_the_api_server_would_drop() {
+        let database: DatabaseService = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "metadata": {"name": "orders"},
+            "spec": {"version": "16.4", "storageSize": "1Gi", "databaseName": "app", "username": "app_user",
+                     "backup": {"objectStore": {"endpoint": "http://store:9000", "bucket": "backups",
+                                                "credentialsSecret": {"name": "s3"}}}}
+        }))
+        .unwrap();
+        let environment = archive_environment(&database);
+        // The API server stores `value: ""` as no value: desired "" would be drift on every pass.
+        assert!(environment.iter().all(|variable| variable.value.as_deref() != Some("")), "{environment:?}");
+        let path = environment.iter().find(|variable| variable.name == "DBSERVICE_S3_PATH").unwrap();
+        assert_eq!((path.value.as_ref(), path.value_from.as_ref()), (None, None));
+    }
+}

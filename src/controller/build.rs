@@ -128,9 +128,12 @@ pub(crate) fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     }
 }
 
-/// An environment variable with a plain value.
+/// An environment variable with a plain value. An empty value is left out, as the API server
+/// stores it: a desired `value: ""` would never be found in the live object, and the StatefulSet
+/// would be re-applied as drift on every pass.
 pub(crate) fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value.into()), ..Default::default() }
+    let value: String = value.into();
+    EnvVar { name: name.into(), value: Some(value).filter(|value| !value.is_empty()), ..Default::default() }
 }
 
 fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> Probe {

@@ -69,7 +69,7 @@ pub async fn event_reasons(client: &Client, namespace: &str, name: &str) -> Vec<
         .collect()
 }
 
-async fn wait_for_event(client: &Client, namespace: &str, name: &str, reason: &str) {
+pub async fn wait_for_event(client: &Client, namespace: &str, name: &str, reason: &str) {
     eventually(&format!("event {reason} on {name}"), Duration::from_secs(60), || async {
         event_reasons(client, namespace, name).await.iter().any(|found| found == reason).then_some(())
     })

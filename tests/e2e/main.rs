@@ -1,6 +1,7 @@
 //! End-to-end suite: a real kube-apiserver calls the webhooks and a real controller-manager,
 //! scheduler and kwok run the workloads the operator creates. See support/ for the harness.
 
+mod archiving;
 mod backup_jobs;
 mod backups;
 mod chart;
