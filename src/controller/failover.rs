@@ -179,7 +179,10 @@ pub fn decide_failover(
     let mut outcome = FailoverOutcome::default();
     let was_failing = current.primary_failing_since.is_some();
     match decision.action {
-        Action::Steady | Action::WaitingForStandbys { .. } | Action::WaitingForPromotion { .. } => {}
+        Action::Steady
+        | Action::WaitingForStandbys { .. }
+        | Action::WaitingForPromotion { .. }
+        | Action::WaitingForSynchronousQuorum { .. } => {}
         Action::PrimaryFailing { primary, failover_in } => {
             if !was_failing {
                 let note = format!(
