@@ -19,3 +19,4 @@ mod postgres;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]
 mod support;
+mod synchronous;
