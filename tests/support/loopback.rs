@@ -409,6 +409,18 @@ impl Cluster {
         world.reports.remove(name);
     }
 
+    /// The pod is deleted the way a kubelet deletes it: its agent is told to stop (SIGTERM) and
+    /// stops PostgreSQL cleanly, handing the Lease over; the pod object goes once it has exited.
+    pub async fn delete_pod(&mut self, name: &str) {
+        if let Some((stop, task)) = self.agents.remove(name) {
+            let _ = stop.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+        let mut world = self.world.lock().unwrap();
+        world.gone.insert(name.to_string());
+        world.reports.remove(name);
+    }
+
     /// The pod comes back (a new agent on the same volume).
     pub fn recreate_pod(&mut self, name: &str) {
         self.world.lock().unwrap().gone.remove(name);
