@@ -9,7 +9,7 @@ use crate::environment::{
 use crate::failover::{
     epoch_now, exec_in, figures, last_id, settled, start_writer, wait_settled_instances, DATABASE, SETTLE_TIMEOUT,
 };
-use crate::support::eventually;
+use crate::support::{eventually, kubectl};
 use dbservice_operator::api::{DatabaseService, FailoverSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
@@ -34,6 +34,26 @@ async fn synchronous_names(client: &kube::Client, node: &crate::environment::Rea
         psql(client, node, namespace, DATABASE, Target::Uri, sql).await.ok().map(|text| text.trim().to_string())
     })
     .await
+}
+
+/// Where the time of a failover went: the ledger's entries and the promoted agent's log lines
+/// about the hand-over, relative to the failure.
+fn explain_timing(namespace: &str, promoted: &str, failed_at: f64) {
+    for action in ["FailoverStarted", "Failover"] {
+        for entry in crate::failover::ledger_entries(namespace, action) {
+            eprintln!(
+                "[timing] ledger {} {} {} -> {}: {}",
+                entry.time, entry.action, entry.from, entry.to, entry.outcome
+            );
+        }
+    }
+    let log = kubectl(&["-n", namespace, "logs", promoted, "-c", "postgres", "--timestamps"]);
+    let wanted =
+        ["waiting for the old primary", "did not arrive", "promoting", "following", "synchronous standbys set"];
+    for line in log.lines().filter(|line| wanted.iter().any(|word| line.contains(word))) {
+        eprintln!("[timing] {promoted}: {}", line.chars().take(300).collect::<String>());
+    }
+    eprintln!("[timing] failure at epoch {failed_at:.3}");
 }
 
 #[tokio::test]
@@ -67,6 +87,7 @@ async fn synchronous_replication_loses_no_acknowledged_commit_when_the_primary_f
     })
     .await;
     let (rto, lost) = figures(&client, node, ns, "synchronous: primary pod deleted", failed_at, since).await;
+    explain_timing(ns, &new_primary, failed_at);
     assert_eq!(lost, 0, "synchronous replication lost {lost} acknowledged commits when the primary pod was deleted");
     assert!(rto <= 60.0, "RTO {rto:.1} s");
     assert_eq!(synchronous_names(&client, node, ns).await, expected_names(&new_primary));
