@@ -70,7 +70,8 @@ fn pod(ordinal: i32, image: &str, state: PodState) -> Arc<Pod> {
         serde_json::from_value(json!({
             "metadata": {"name": format!("db-{ordinal}"), "namespace": "ns", "uid": format!("pod-{ordinal}"),
                          "resourceVersion": "10", "creationTimestamp": ago(3600),
-                         "labels": {"dbservice.dev/role": if ordinal == 0 { "primary" } else { "standby" }}},
+                         "labels": {"dbservice.dev/role": if ordinal == 0 { "primary" } else { "standby" },
+                                    "controller-revision-hash": "r1"}},
             "spec": {"containers": [{"name": "postgres", "image": image}]},
             "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ago(since)}, scheduled_condition],
                        "containerStatuses": [{"name": "postgres", "ready": ready == "True", "restartCount": 0,
@@ -370,4 +371,22 @@ fn a_retained_secret_is_used_but_not_owned_and_a_missing_one_is_recreated_with_a
     assert!(decision.workload.as_ref().unwrap().create_credentials);
     assert_eq!(condition(&decision, "CredentialsReady"), Some(("False", "SecretRecreated")));
     assert!(decision.journal.reasons().contains(&"CredentialsRecreated"));
+}
+
+#[test]
+fn pods_of_an_old_revision_are_replaced_one_at_a_time_highest_ordinal_first() {
+    let database = database(2, Some(running_status("16.4")));
+    let outdated = |ordinal| {
+        let mut pod = (*pod(ordinal, "postgres:16.4", PodState::Ready)).clone();
+        pod.metadata.labels.as_mut().unwrap().insert("controller-revision-hash".into(), "r0".into());
+        Arc::new(pod)
+    };
+    let observed = steady(&database, vec![outdated(0), outdated(1)]);
+    let decision = run(&database, &observed);
+    let deletions = &decision.workload.as_ref().unwrap().pod_deletions;
+    assert_eq!(deletions.iter().map(|deletion| deletion.pod.as_str()).collect::<Vec<_>>(), ["db-1"]);
+    assert!(decision.journal.reasons().contains(&"RollingUpdate"), "{:?}", decision.journal);
+    // The replaced pod not back yet: nothing more this pass.
+    let observed = steady(&database, vec![outdated(0)]);
+    assert!(run(&database, &observed).workload.unwrap().pod_deletions.is_empty());
 }
