@@ -98,6 +98,14 @@ pub struct FailoverSpec {
     /// Seconds a switchover may take before it is abandoned (default 30, from 5 to 3600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switchover_timeout_seconds: Option<u32>,
+    /// Standbys that must confirm each commit before it is acknowledged (default 0: asynchronous
+    /// replication; at most replicas - 1). With k > 0 the primary sets
+    /// `synchronous_standby_names = 'ANY k (<every other instance>)'`; while fewer than k standbys
+    /// are connected, commits wait (durability over availability: an acknowledged commit is
+    /// never on the primary alone), and a failover promotes only the most advanced of a quorum of
+    /// standbys that reported their final positions, so that it loses no acknowledged commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standbys: Option<u32>,
 }
 
 /// Fate of the data volumes and the credentials Secret on deletion.
@@ -231,6 +239,7 @@ impl DatabaseServiceSpec {
             failover_delay: seconds(spec.delay_seconds, defaults.failover_delay),
             maximum_lag_bytes: spec.maximum_lag_bytes.unwrap_or(defaults.maximum_lag_bytes),
             switchover_timeout: seconds(spec.switchover_timeout_seconds, defaults.switchover_timeout),
+            synchronous_standbys: spec.synchronous_standbys.unwrap_or(defaults.synchronous_standbys),
             ..defaults
         }
     }

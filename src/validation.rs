@@ -218,7 +218,7 @@ pub fn validate(
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::backup::validation::validate_backup_spec(name, spec, &mut outcome.errors);
     if let Some(failover) = &spec.failover {
-        validate_failover(failover, &mut outcome.errors);
+        validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
     }
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
@@ -234,7 +234,15 @@ pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
 /// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
 pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
 
-fn validate_failover(failover: &FailoverSpec, errors: &mut Vec<FieldError>) {
+fn validate_failover(failover: &FailoverSpec, replicas: i32, errors: &mut Vec<FieldError>) {
+    let standbys = u32::try_from(replicas.saturating_sub(1)).unwrap_or(0);
+    if let Some(count) = failover.synchronous_standbys.filter(|count| *count > standbys) {
+        errors.push(FieldError::invalid(
+            "spec.failover.synchronousStandbys",
+            count,
+            format!("must be at most replicas - 1 = {standbys}: commits would wait for standbys that do not exist"),
+        ));
+    }
     if let Some(delay) = failover.delay_seconds.filter(|delay| *delay > MAX_FAILOVER_SECONDS) {
         errors.push(FieldError::invalid(
             "spec.failover.delaySeconds",

@@ -4,7 +4,7 @@
 
 use chrono::{TimeZone, Utc};
 use dbservice_operator::api::{DatabaseService, DatabaseServiceStatus};
-use dbservice_operator::controller::failover::{decide_failover, FailoverOutcome};
+use dbservice_operator::controller::failover::{decide_failover, FailoverInput, FailoverOutcome};
 use dbservice_operator::controller::health::pod_health;
 use dbservice_operator::controller::journal::Journal;
 use dbservice_operator::failover::lease::LeaseRecord;
@@ -74,7 +74,8 @@ fn run(
     let mut status = database.status.clone().unwrap();
     let mut journal = Journal::default();
     let now = Utc.with_ymd_and_hms(2026, 12, 1, 0, 5, 0).unwrap();
-    let outcome = decide_failover(&database, &pods, &health, lease.as_ref(), &mut status, &mut journal, now);
+    let input = FailoverInput { pods: &pods, health: &health, lease: lease.as_ref(), rolling_switchover: None };
+    let outcome = decide_failover(&database, &input, &mut status, &mut journal, now);
     (outcome, status, journal)
 }
 

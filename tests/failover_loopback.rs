@@ -310,3 +310,94 @@ async fn a_crashed_primary_whose_agent_holds_the_lease_restarts_in_place() {
     );
     cluster.shutdown().await;
 }
+
+/// The instance that is the current primary (settled).
+fn current_primary(cluster: &Cluster) -> String {
+    cluster.world.lock().unwrap().status.current_primary.clone().expect("a current primary")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_replication_keeps_every_acknowledged_commit_through_a_failover() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let names = &["db-0", "db-1", "db-2"];
+    let settings = FailoverSettings { synchronous_standbys: 1, ..Default::default() };
+    let mut cluster = Cluster::start_with(pg_bin, names, settings).await;
+    let old_port = cluster.port("db-0");
+    let show = "SELECT current_setting('synchronous_standby_names')";
+    assert_eq!(cluster.scalar(old_port, show).await, r#"ANY 1 ("db-1","db-2")"#);
+
+    // With no standby connected, a commit waits instead of being acknowledged by the primary alone.
+    cluster.kill_pod("db-1");
+    cluster.kill_pod("db-2");
+    let waiting = tokio::spawn(loopback::query(old_port, "CREATE TABLE durability_probe (id int)"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!waiting.is_finished(), "a commit was acknowledged with no synchronous standby connected");
+    cluster.recreate_pod("db-2");
+    let committed = tokio::time::timeout(Duration::from_secs(60), waiting).await;
+    assert!(committed.is_ok_and(|joined| joined.unwrap().is_ok()), "the commit completes once a standby is back");
+    cluster.recreate_pod("db-1");
+    cluster.wait_streaming("db-1").await;
+    cluster.wait_streaming("db-2").await;
+
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+    let killed = Instant::now();
+    cluster.kill_pod("db-0");
+    cluster
+        .wait_for("a standby promoted", Duration::from_secs(30), async || {
+            let world = cluster.world.lock().unwrap();
+            let status = &world.status;
+            status.current_primary.as_deref().is_some_and(|primary| primary != "db-0")
+                && status.current_primary == status.target_primary
+        })
+        .await;
+    let primary = current_primary(&cluster);
+    let new_port = cluster.port(&primary);
+    let recovery = first_commit_after(&cluster, killed, new_port, "a commit on the new primary").await - killed;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    assert!(lost.is_empty(), "synchronous replication lost acknowledged commits: {lost:?}");
+    let others: Vec<String> = names.iter().filter(|name| **name != primary).map(|name| format!("\"{name}\"")).collect();
+    assert_eq!(cluster.scalar(new_port, show).await, format!("ANY 1 ({})", others.join(",")));
+    let quorum_waits = cluster
+        .world
+        .lock()
+        .unwrap()
+        .actions
+        .iter()
+        .filter(|(_, action)| matches!(action, Action::WaitingForSynchronousQuorum { .. }))
+        .count();
+    cluster.recreate_pod("db-0");
+    cluster.assert_follows("db-0", &primary).await;
+    eprintln!(
+        "FIGURES synchronous failover (pod killed, 3 instances, ANY 1): {:.2} s from SIGKILL to the first commit \
+         on {primary}; {} acknowledged, 0 lost; {quorum_waits} operator passes waited for the quorum",
+        recovery.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_primary_pod_hands_over_cleanly_without_losing_commits() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let deleted = Instant::now();
+    cluster.delete_pod("db-0").await;
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let new_port = cluster.port("db-1");
+    let recovery = first_commit_after(&cluster, deleted, new_port, "a commit on the new primary").await - deleted;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    assert!(lost.is_empty(), "a clean hand-over lost acknowledged commits: {lost:?}");
+    cluster.recreate_pod("db-0");
+    cluster.assert_follows("db-0", "db-1").await;
+    eprintln!(
+        "FIGURES primary pod deleted (clean stop by its agent): {:.2} s to the first commit on the new primary; \
+         {} acknowledged, 0 lost",
+        recovery.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}

@@ -121,12 +121,19 @@ pub async fn apply(
     if let Some(instance) = &workload.release_lease_of {
         release_primary_lease(database, instance, context).await?;
     }
-    if workload.clear_switchover_request {
-        let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace);
-        let patch = Patch::Merge(json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}}));
-        databases.patch(&database.name_any(), &PatchParams::default(), &patch).await?;
-        context.shared.metrics.count_write("DatabaseService", "patch");
-    }
+    Ok(())
+}
+
+/// Removes the switchover annotation from the DatabaseService. Called only after the pass's
+/// status is written: the patch changes the resourceVersion that the status write is conditional
+/// on, and a status write refused for it would leave the completed switchover undecided in the
+/// stored status, so that the next pass completes it again and records it in the ledger twice.
+pub async fn clear_switchover_request(database: &DatabaseService, context: &PassContext) -> Result<(), kube::Error> {
+    let namespace = database.namespace().unwrap_or_default();
+    let databases: Api<DatabaseService> = Api::namespaced(context.shared.client.clone(), &namespace);
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}}));
+    databases.patch(&database.name_any(), &PatchParams::default(), &patch).await?;
+    context.shared.metrics.count_write("DatabaseService", "patch");
     Ok(())
 }
 

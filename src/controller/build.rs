@@ -8,7 +8,9 @@ pub use super::names::{
     INSTANCE_LABEL, ROLE_LABEL,
 };
 use crate::api::DatabaseService;
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
     EnvVarSource, ExecAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -273,6 +275,10 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
             // OrderedReady: the primary (pod 0) is created and ready before any standby, so a standby
             // can never take the resources the primary needs; standbys bootstrap from it anyway.
             pod_management_policy: Some("OrderedReady".into()),
+            // The operator replaces pods itself, standbys first and the primary only after a
+            // switchover (controller::rolling); a RollingUpdate would replace the primary's pod
+            // whenever its ordinal comes up.
+            update_strategy: Some(StatefulSetUpdateStrategy { type_: Some("OnDelete".into()), rolling_update: None }),
             // Never delete data volumes on scale-down or deletion: the finalizer decides.
             persistent_volume_claim_retention_policy: Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
                 when_deleted: Some("Retain".into()),

@@ -6,12 +6,13 @@ use super::archiving::{decide_archiving, ArchivingHealth};
 use super::build::{self, WorkloadInputs};
 use super::conditions::{self, types};
 use super::diff;
-use super::failover::{decide_failover, report_of, URGENT_REQUEUE};
+use super::failover::{decide_failover, report_of, FailoverInput, URGENT_REQUEUE};
 use super::health::{self, PodHealth};
 use super::journal::Journal;
 use super::ledger::LedgerEntry;
 use super::names::{describe, is_owned_by, owner_reference, ChildNames, ROLE_LABEL};
 use super::observe::{claim_class, claim_request, Observed};
+use super::rolling::{rolling_step, RollingStep};
 use super::rollout::{decide_rollout, Rollout};
 use super::settings::ControllerSettings;
 use super::summary::summarize;
@@ -182,12 +183,23 @@ pub fn decide(input: &DecideInput) -> Decision {
         instance_image: settings.instance_image.clone(),
     };
     let lease = observed.primary_lease.as_ref();
-    let failover = decide_failover(database, &observed.pods, &pods, lease, &mut status, &mut journal, now);
     // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
     let stateful_set_current = observed
         .stateful_set
         .as_deref()
         .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
+    let rolling = rolling_step(&observed.pods, &pods, live_stateful_set, &status.failover, stateful_set_current);
+    let rolling_switchover = match &rolling {
+        RollingStep::SwitchoverTo(target) => Some(target.clone()),
+        _ => None,
+    };
+    let failover = decide_failover(
+        database,
+        &FailoverInput { pods: &observed.pods, health: &pods, lease, rolling_switchover },
+        &mut status,
+        &mut journal,
+        now,
+    );
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     // Only the primary archives: its report alone says whether archiving works.
@@ -206,8 +218,11 @@ pub fn decide(input: &DecideInput) -> Decision {
         generation,
         now,
     );
-    let (pod_labels, pod_deletions) =
+    let (pod_labels, mut pod_deletions) =
         decide_pods(observed, &pods, primary, &rollout, stateful_set_current, &mut journal);
+    if let RollingStep::Replace(name) = &rolling {
+        replace_for_rolling(observed, name, &mut pod_deletions, &mut journal);
+    }
     let rolled_out =
         health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && stateful_set_current;
     summarize(database, &mut status, &pods, &rollout, rolled_out, now, &mut journal);
@@ -237,6 +252,18 @@ pub fn decide(input: &DecideInput) -> Decision {
     };
     let requeue = archiving.warn_in.map_or(requeue, |warn_in| requeue.min(warn_in));
     Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+}
+
+/// Deletes `name` so that the StatefulSet recreates it from the update revision (updateStrategy
+/// OnDelete: the operator orders the replacements, see [`super::rolling`]).
+fn replace_for_rolling(observed: &Observed, name: &str, deletions: &mut Vec<PodDeletion>, journal: &mut Journal) {
+    let Some(pod) = observed.pods.iter().find(|pod| pod.name_any() == name) else { return };
+    if deletions.iter().any(|deletion| deletion.pod == name) {
+        return;
+    }
+    deletions.push(PodDeletion { pod: name.to_string(), uid: pod.uid(), resource_version: pod.resource_version() });
+    let note = format!("pod {name} runs an old revision: replaced (standbys first, the primary after a switchover)");
+    journal.record(false, "RollingUpdate", note, None);
 }
 
 /// Credentials are created once and never overwritten; returns whether to create them now.

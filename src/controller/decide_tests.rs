@@ -70,7 +70,8 @@ fn pod(ordinal: i32, image: &str, state: PodState) -> Arc<Pod> {
         serde_json::from_value(json!({
             "metadata": {"name": format!("db-{ordinal}"), "namespace": "ns", "uid": format!("pod-{ordinal}"),
                          "resourceVersion": "10", "creationTimestamp": ago(3600),
-                         "labels": {"dbservice.dev/role": if ordinal == 0 { "primary" } else { "standby" }}},
+                         "labels": {"dbservice.dev/role": if ordinal == 0 { "primary" } else { "standby" },
+                                    "controller-revision-hash": "r1"}},
             "spec": {"containers": [{"name": "postgres", "image": image}]},
             "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ago(since)}, scheduled_condition],
                        "containerStatuses": [{"name": "postgres", "ready": ready == "True", "restartCount": 0,
@@ -431,4 +432,22 @@ fn the_primary_report_drives_the_archiving_condition_warning_and_requeue() {
     let without = run(&plain, &steady(&plain, vec![primary_reporting_archiving(Some(400))]));
     assert_eq!(condition(&without, "ContinuousArchiving"), None);
     assert_eq!(without.archiving, ArchivingHealth::NotConfigured);
+}
+
+#[test]
+fn pods_of_an_old_revision_are_replaced_one_at_a_time_highest_ordinal_first() {
+    let database = database(2, Some(running_status("16.4")));
+    let outdated = |ordinal| {
+        let mut pod = (*pod(ordinal, "postgres:16.4", PodState::Ready)).clone();
+        pod.metadata.labels.as_mut().unwrap().insert("controller-revision-hash".into(), "r0".into());
+        Arc::new(pod)
+    };
+    let observed = steady(&database, vec![outdated(0), outdated(1)]);
+    let decision = run(&database, &observed);
+    let deletions = &decision.workload.as_ref().unwrap().pod_deletions;
+    assert_eq!(deletions.iter().map(|deletion| deletion.pod.as_str()).collect::<Vec<_>>(), ["db-1"]);
+    assert!(decision.journal.reasons().contains(&"RollingUpdate"), "{:?}", decision.journal);
+    // The replaced pod not back yet: nothing more this pass.
+    let observed = steady(&database, vec![outdated(0)]);
+    assert!(run(&database, &observed).workload.unwrap().pod_deletions.is_empty());
 }

@@ -136,17 +136,30 @@ fn kind_name(kind: TransitionKind) -> &'static str {
     }
 }
 
+/// What the failover step observes besides the DatabaseService.
+#[derive(Clone, Debug)]
+pub struct FailoverInput<'a> {
+    /// The database's pods (cached).
+    pub pods: &'a [Arc<Pod>],
+    /// Their health, in the same order.
+    pub health: &'a [PodHealth],
+    /// The primary Lease, when this pass read it.
+    pub lease: Option<&'a LeaseRecord>,
+    /// A switchover the rolling update asks for (only the primary is left on an old revision).
+    pub rolling_switchover: Option<String>,
+}
+
 /// Decides the failover step of one pass: updates `status` (failover fields and instances) and
 /// `journal`, and says which pod is primary.
 pub fn decide_failover(
     database: &DatabaseService,
-    pods: &[Arc<Pod>],
-    health: &[PodHealth],
-    lease: Option<&LeaseRecord>,
+    input: &FailoverInput,
     status: &mut DatabaseServiceStatus,
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) -> FailoverOutcome {
+    let FailoverInput { pods, health, lease, .. } = input;
+    let lease = *lease;
     let generation = database.metadata.generation.unwrap_or(0);
     let mut current = status.failover.clone();
     if current.current_primary.is_none() {
@@ -171,15 +184,28 @@ pub fn decide_failover(
             urgent: false,
         };
     }
-    let observed =
-        failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to: request.clone() };
+    if request.is_none() {
+        if let Some(target) = &input.rolling_switchover {
+            journal.record(
+                false,
+                "RollingSwitchover",
+                format!("only the primary runs an old revision: switching over to the updated standby {target} first"),
+                None,
+            );
+        }
+    }
+    let switchover_to = request.clone().or_else(|| input.rolling_switchover.clone());
+    let observed = failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to };
     let settings = database.spec.failover_settings();
     let decision = failover::decide(&current, &observed, &settings, now);
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
     let was_failing = current.primary_failing_since.is_some();
     match decision.action {
-        Action::Steady | Action::WaitingForStandbys { .. } | Action::WaitingForPromotion { .. } => {}
+        Action::Steady
+        | Action::WaitingForStandbys { .. }
+        | Action::WaitingForPromotion { .. }
+        | Action::WaitingForSynchronousQuorum { .. } => {}
         Action::PrimaryFailing { primary, failover_in } => {
             if !was_failing {
                 let note = format!(

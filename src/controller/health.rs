@@ -83,7 +83,10 @@ pub fn rolled_out(stateful_set: Option<&StatefulSet>, pods: &[PodHealth], image:
     };
     let status = stateful_set.status.clone().unwrap_or_default();
     let observed = status.observed_generation.unwrap_or(0) >= stateful_set.metadata.generation.unwrap_or(0);
-    let same_revision = status.update_revision.is_some() && status.current_revision == status.update_revision;
+    // With updateStrategy OnDelete the StatefulSet controller never advances currentRevision:
+    // every replica on the update revision is what says the rollout is done.
+    let same_revision = status.update_revision.is_some()
+        && (status.current_revision == status.update_revision || status.updated_replicas.unwrap_or(0) >= replicas);
     let live_pods: Vec<&PodHealth> = pods.iter().filter(|pod| !pod.terminating && pod.ordinal < replicas).collect();
     observed
         && same_revision

@@ -28,6 +28,7 @@ pub mod names;
 pub mod observe;
 pub mod publish;
 mod reconcile;
+pub mod rolling;
 pub mod rollout;
 pub mod settings;
 pub mod summary;

@@ -1,7 +1,7 @@
 //! One pass for a DatabaseService that is not being deleted:
 //! observe (caches) → decide (pure) → build (pure) → apply → publish.
 
-use super::apply::apply;
+use super::apply::{apply, clear_switchover_request};
 use super::archiving::ArchivingHealth;
 use super::build::{desired, generate_password, NewPasswords};
 use super::children::cached;
@@ -94,5 +94,8 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     publish(database, &decision.status, &decision.journal, observed.ledger.is_some(), context)
         .await
         .map_err(ReconcileError::Publish)?;
+    if decision.workload.as_ref().is_some_and(|workload| workload.clear_switchover_request) {
+        clear_switchover_request(database, context).await.map_err(ReconcileError::Publish)?;
+    }
     Ok(decision.requeue.map_or_else(Action::await_change, Action::requeue))
 }

@@ -91,6 +91,14 @@ pub enum Action {
         /// Standbys still streaming.
         streaming: Vec<String>,
     },
+    /// Synchronous replication: fewer standbys than the quorum have reported final positions, so
+    /// the most advanced one known might miss acknowledged commits (see [`super::quorum`]).
+    WaitingForSynchronousQuorum {
+        /// Standbys with a final position.
+        reported: Vec<String>,
+        /// How many are needed.
+        needed: usize,
+    },
     /// No standby may be promoted yet.
     NoCandidate {
         /// Each standby and why it was refused.
@@ -325,6 +333,23 @@ fn choose_candidate(
     if !streaming.is_empty() && waited < settings.standby_report_timeout {
         return Decision { status: next, action: Action::WaitingForStandbys { streaming } };
     }
+    if settings.synchronous_standbys > 0 {
+        // Only final positions count: a streaming standby's report is from when it started.
+        eligible.retain(|instance| !report(instance).wal_receiver);
+        let members = observed.instances.iter().filter(|instance| instance.name != transition.from).count();
+        let needed = super::quorum(members, settings.synchronous_standbys);
+        if eligible.len() < needed {
+            let reported: Vec<String> = eligible.iter().map(|instance| instance.name.clone()).collect();
+            if waited < settings.candidate_timeout {
+                return Decision { status: next, action: Action::WaitingForSynchronousQuorum { reported, needed } };
+            }
+            let reason = format!(
+                "only {reported:?} of the {needed} synchronous standbys needed reported within {:?}: {rejected:?}",
+                settings.candidate_timeout
+            );
+            return abandon(next, transition, reason, now);
+        }
+    }
     let best = eligible.iter().max_by_key(|instance| {
         let report = report(instance);
         (report.received_lsn, report.replay_lsn, Reverse(instance.name.clone()))
@@ -335,17 +360,18 @@ fn choose_candidate(
         return Decision { status: next, action };
     }
     if waited >= settings.candidate_timeout {
-        // Give the old primary back its place; the failover is retried after another delay.
-        next.target_primary = Some(transition.from.clone());
-        next.transition = None;
-        next.primary_failing_since = Some(now);
         let reason = format!("no standby could be promoted within {:?}: {rejected:?}", settings.candidate_timeout);
-        return Decision {
-            status: next,
-            action: Action::TransitionAbandoned { kind: TransitionKind::Failover, reason },
-        };
+        return abandon(next, transition, reason, now);
     }
     Decision { status: next, action: Action::NoCandidate { rejected } }
+}
+
+/// Gives the old primary back its place; the failover is retried after another delay.
+fn abandon(mut next: FailoverStatus, transition: Transition, reason: String, now: DateTime<Utc>) -> Decision {
+    next.target_primary = Some(transition.from);
+    next.transition = None;
+    next.primary_failing_since = Some(now);
+    Decision { status: next, action: Action::TransitionAbandoned { kind: TransitionKind::Failover, reason } }
 }
 
 fn await_promotion(

@@ -9,9 +9,11 @@
 mod decide;
 pub mod lease;
 mod lsn;
+mod synchronous;
 
 pub use decide::{decide, Action, Decision, Observed, Rejection};
 pub use lsn::{Lsn, ParseLsnError};
+pub use synchronous::{quorum, synchronous_standby_names};
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
@@ -187,6 +189,9 @@ pub struct FailoverSettings {
     pub candidate_timeout: Duration,
     /// A switchover that has not completed in this long is abandoned (or becomes a failover).
     pub switchover_timeout: Duration,
+    /// Standbys that confirm each commit (0: asynchronous). A failover then waits for the final
+    /// positions of a quorum of them ([`quorum`]) and promotes only the most advanced of those.
+    pub synchronous_standbys: u32,
 }
 
 impl Default for FailoverSettings {
@@ -197,6 +202,7 @@ impl Default for FailoverSettings {
             standby_report_timeout: Duration::from_secs(10),
             candidate_timeout: Duration::from_secs(60),
             switchover_timeout: Duration::from_secs(30),
+            synchronous_standbys: 0,
         }
     }
 }

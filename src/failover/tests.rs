@@ -511,3 +511,192 @@ fn status_round_trips_with_camel_case_fields() {
     assert_eq!(report["receivedLsn"], "0/100000");
     assert_eq!(report["walReceiver"], true);
 }
+
+fn synchronous(count: u32) -> FailoverSettings {
+    FailoverSettings { synchronous_standbys: count, ..Default::default() }
+}
+
+#[test]
+fn synchronous_failover_waits_for_a_quorum_of_final_positions() {
+    let old = || instance("db-0", PodState::Gone, None);
+    let requested = |target: &str| Action::PromotionRequested { kind: TransitionKind::Failover, target: target.into() };
+    let waiting = |reported: &[&str], needed| Action::WaitingForSynchronousQuorum {
+        reported: reported.iter().map(|name| name.to_string()).collect(),
+        needed,
+    };
+    let mut fenced = standby("db-2", 100 * MIB, false);
+    fenced.fenced_by_hand = true;
+    check(vec![
+        (
+            "ANY 1 of 2: both reported, the most advanced is promoted",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 99 * MIB, false), standby("db-2", 100 * MIB, false)]),
+            synchronous(1),
+            1,
+            requested("db-2"),
+        ),
+        (
+            "ANY 1 of 2: the other standby's pod is gone, it may hold the last commits: wait",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false), instance("db-2", PodState::Gone, None)]),
+            synchronous(1),
+            1,
+            waiting(&["db-1"], 2),
+        ),
+        (
+            "asynchronous: the same standby is promoted at once",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false), instance("db-2", PodState::Gone, None)]),
+            settings(0),
+            1,
+            requested("db-1"),
+        ),
+        (
+            "ANY 1 of 2: a fenced standby is not a final position",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false), fenced.clone()]),
+            synchronous(1),
+            1,
+            waiting(&["db-1"], 2),
+        ),
+        (
+            "ANY 2 of 2: every commit is on both, one report is enough",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false), instance("db-2", PodState::Gone, None)]),
+            synchronous(2),
+            1,
+            requested("db-1"),
+        ),
+        (
+            "a standby still streaming after the report timeout has no final position",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, true), standby("db-2", 99 * MIB, false)]),
+            synchronous(1),
+            10,
+            waiting(&["db-2"], 2),
+        ),
+        (
+            "two instances, ANY 1 of 1: the standby's report is the quorum",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false)]),
+            synchronous(1),
+            1,
+            requested("db-1"),
+        ),
+    ]);
+    // No quorum within the candidate timeout: the failover is abandoned, never forced.
+    let no_quorum = observed(vec![old(), standby("db-1", 100 * MIB, false), instance("db-2", PodState::Gone, None)]);
+    let abandoned = decide(&pending_status(0), &no_quorum, &synchronous(1), at(60));
+    assert!(
+        matches!(&abandoned.action, Action::TransitionAbandoned { kind: TransitionKind::Failover, reason } if reason.contains("synchronous")),
+        "{abandoned:?}"
+    );
+    assert_eq!(abandoned.status.target_primary.as_deref(), Some("db-0"));
+}
+
+#[test]
+fn fenced_instances_during_a_change() {
+    let mut fenced_target = standby("db-1", 100 * MIB, false);
+    fenced_target.fenced_by_hand = true;
+    let mut fenced_old = instance("db-0", PodState::NotReady, None);
+    fenced_old.fenced_by_hand = true;
+    check(vec![
+        (
+            "the chosen target fenced by hand before it promoted: choose again",
+            promoting_status(TransitionKind::Failover, "db-1", 0),
+            observed(vec![instance("db-0", PodState::Gone, None), fenced_target.clone()]),
+            settings(0),
+            2,
+            Action::CandidateLost { target: "db-1".into(), reason: Rejection::Fenced },
+        ),
+        (
+            "a switchover target fenced while the old primary still runs: abandoned, the primary stays",
+            promoting_status(TransitionKind::Switchover, "db-1", 0),
+            observed(vec![healthy_primary(), fenced_target]),
+            settings(0),
+            2,
+            Action::TransitionAbandoned {
+                kind: TransitionKind::Switchover,
+                reason: "target db-1 cannot be promoted: Fenced".into(),
+            },
+        ),
+        (
+            "the old primary fenced by hand once the failover started: the failover goes on",
+            pending_status(0),
+            observed(vec![fenced_old, standby("db-1", 100 * MIB, false)]),
+            settings(0),
+            1,
+            Action::PromotionRequested { kind: TransitionKind::Failover, target: "db-1".into() },
+        ),
+    ]);
+}
+
+#[test]
+fn disk_full_primary_is_not_failed_over_but_a_dead_one_is() {
+    let full = InstanceReport { disk_full: true, ..primary_report() };
+    // Writable enough to answer queries, yet full: a standby has the same data and would fill up
+    // the same way; the person must make room (event), failing over would not help.
+    let still_answering =
+        observed(vec![instance("db-0", PodState::Ready, Some(full.clone())), standby("db-1", 100 * MIB, true)]);
+    let crashed = observed(vec![
+        instance("db-0", PodState::NotReady, Some(InstanceReport { postgres_ready: false, ..full })),
+        standby("db-1", 100 * MIB, true),
+    ]);
+    let pod_gone = observed(vec![instance("db-0", PodState::Gone, None), standby("db-1", 100 * MIB, true)]);
+    let blocked = Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::DiskFull };
+    check(vec![
+        ("disk full, still answering", steady_status(), still_answering, settings(0), 0, blocked.clone()),
+        ("disk full, crashed (PANIC on a WAL write)", failing_status(0), crashed, settings(0), 5, blocked),
+        (
+            "the pod of a disk-full primary is gone: its report went with it, failover",
+            steady_status(),
+            pod_gone,
+            settings(0),
+            0,
+            Action::FailoverStarted { old_primary: "db-0".into(), release_lease: true },
+        ),
+    ]);
+}
+
+#[test]
+fn an_operator_restarting_at_any_step_of_a_failover_resumes_it() {
+    // Each step's stored status, read back by a new operator (the check() helper also decides
+    // from the round-tripped status), gives the same step: nothing is lost or done twice.
+    let pending_world = observed(vec![instance("db-0", PodState::Gone, None), standby("db-1", 100 * MIB, false)]);
+    let promoted_world = observed(vec![
+        instance("db-0", PodState::Gone, None),
+        instance("db-1", PodState::Ready, Some(InstanceReport { timeline: 2, ..primary_report() })),
+    ]);
+    check(vec![
+        (
+            "restart while pending: the choice is made from the reports",
+            pending_status(0),
+            pending_world.clone(),
+            settings(0),
+            30,
+            Action::PromotionRequested { kind: TransitionKind::Failover, target: "db-1".into() },
+        ),
+        (
+            "restart after the agent promoted but before the status said so",
+            promoting_status(TransitionKind::Failover, "db-1", 0),
+            promoted_world.clone(),
+            settings(0),
+            30,
+            Action::PrimaryChanged {
+                kind: TransitionKind::Failover,
+                from: "db-0".into(),
+                to: "db-1".into(),
+                timeline: 2,
+                took: Duration::from_secs(30),
+            },
+        ),
+    ]);
+    // A restart long after the failover started does not abandon a failover whose target is
+    // promoting: the candidate timeout applies to finding a candidate, not to the promotion.
+    let late = decide(&promoting_status(TransitionKind::Failover, "db-1", 0), &pending_world, &settings(0), at(600));
+    assert_eq!(late.action, Action::WaitingForPromotion { target: "db-1".into() });
+    // A target that vanished while no operator ran is replaced by a new choice, not waited for.
+    let vanished = observed(vec![instance("db-0", PodState::Gone, None), instance("db-1", PodState::Gone, None)]);
+    let lost = decide(&promoting_status(TransitionKind::Failover, "db-1", 0), &vanished, &settings(0), at(600));
+    assert_eq!(lost.action, Action::CandidateLost { target: "db-1".into(), reason: Rejection::PodGone });
+}

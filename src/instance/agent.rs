@@ -2,7 +2,9 @@
 //! publish a report when something changed.
 
 use super::archiving::archiving_report;
-use super::postgres::{initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample};
+use super::postgres::{
+    free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
+};
 use super::standby::{self, StandbyError};
 use super::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::failover::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
@@ -49,11 +51,17 @@ pub struct Agent<C> {
     /// Last sample while ready (positions and timeline kept while the server is down).
     last_sample: Option<Sample>,
     fenced_by_hand: bool,
+    /// The data volume has less than [`DISK_FULL_BYTES`] free (checked every step).
+    disk_full: bool,
     last_published: Option<InstanceReport>,
     /// Since when a promotion waits for the old primary's last WAL (see [`RELEASED_WAL_WAIT`]).
     waiting_for_released_wal: Option<(Lsn, Instant)>,
     /// WAL archiving health of this primary (kept while the server is down).
     archiving: Option<ArchivingReport>,
+    /// `synchronous_standby_names` the operator last asked for.
+    synchronous_wanted: Option<String>,
+    /// The value the running server has (written and reloaded, or read at its start).
+    synchronous_applied: Option<String>,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's shutdown checkpoint while the
@@ -91,9 +99,12 @@ impl<C: ControlPlane> Agent<C> {
             shutdown_checkpoint: None,
             last_sample: None,
             fenced_by_hand: false,
+            disk_full: false,
             last_published: None,
             waiting_for_released_wal: None,
             archiving: None,
+            synchronous_wanted: None,
+            synchronous_applied: None,
         }
     }
 
@@ -127,11 +138,26 @@ impl<C: ControlPlane> Agent<C> {
         // deadline, a stopped former primary stays down.
         let desired = self.control_plane.desired().await.unwrap_or_default();
         let local = self.postgres.observe().await;
+        // The volume, not the directory: PGDATA may not exist yet before the first clone.
+        let volume = self.config.pgdata.parent().unwrap_or(&self.config.pgdata);
+        let free = free_bytes(volume);
+        if free.is_some_and(|free| free < DISK_FULL_BYTES) != self.disk_full {
+            self.disk_full = !self.disk_full;
+            tracing::warn!(instance = %self.config.name, free_bytes = ?free, disk_full = self.disk_full, "data volume space");
+        }
         if let LocalState::Ready(sample) = &local {
             self.last_sample = Some(sample.clone());
             self.role = Some(if sample.in_recovery { Role::Standby } else { Role::Primary });
             self.archiving =
                 sample.archiver.as_ref().map(|archiver| archiving_report(self.archiving.as_ref(), archiver));
+        }
+        if let Some(names) = &desired.synchronous_standby_names {
+            self.synchronous_wanted = Some(names.clone());
+        }
+        if matches!(local, LocalState::Ready(_)) {
+            if let Err(error) = self.keep_synchronous_standbys().await {
+                tracing::warn!(instance = %self.config.name, %error, "could not set synchronous_standby_names");
+            }
         }
         let me = self.config.name.as_str();
         let target_me = desired.target_primary.as_deref() == Some(me);
@@ -199,7 +225,7 @@ impl<C: ControlPlane> Agent<C> {
             wal_receiver: ready && sample.is_some_and(|sample| sample.streaming),
             postgres_ready: ready,
             fenced: self.fenced_by_hand,
-            disk_full: false,
+            disk_full: self.disk_full,
             archiving: self.archiving.clone().filter(|_| role == Role::Primary),
             shutdown_checkpoint_lsn: self.shutdown_checkpoint.filter(|_| !ready),
         }
@@ -428,8 +454,28 @@ impl<C: ControlPlane> Agent<C> {
         Ok(())
     }
 
+    /// Keeps the running server's `synchronous_standby_names` as wanted. Every instance keeps it
+    /// (a standby ignores it), so that a promoted standby enforces it from its first commit.
+    async fn keep_synchronous_standbys(&mut self) -> Result<(), AgentError> {
+        let Some(wanted) = self.synchronous_wanted.clone() else { return Ok(()) };
+        if self.synchronous_applied.as_ref() == Some(&wanted) {
+            return Ok(());
+        }
+        standby::set_auto_conf(&self.config, &[("synchronous_standby_names", wanted.clone())])?;
+        self.postgres.reload().await?;
+        tracing::info!(instance = %self.config.name, synchronous_standby_names = %wanted, "synchronous standbys set");
+        self.synchronous_applied = Some(wanted);
+        Ok(())
+    }
+
     fn start(&mut self, role: Role, upstream: Option<&Upstream>) -> Result<(), AgentError> {
         standby::write_required_settings(&self.config)?;
+        // A clone or a rewind copied the source's value, which names this instance.
+        self.synchronous_applied = None;
+        if let Some(wanted) = self.synchronous_wanted.clone() {
+            standby::set_auto_conf(&self.config, &[("synchronous_standby_names", wanted.clone())])?;
+            self.synchronous_applied = Some(wanted);
+        }
         self.postgres.start()?;
         self.role = Some(role);
         self.upstream_set = match role {

@@ -58,7 +58,21 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         .as_ref()
         .filter(|current| settled && current.as_str() != me)
         .map(|current| Upstream { host: format!("{current}.{domain}"), port });
-    Desired { target_primary: status.target_primary.clone(), upstream, fenced: fenced.iter().any(|name| name == me) }
+    Desired {
+        target_primary: status.target_primary.clone(),
+        upstream,
+        fenced: fenced.iter().any(|name| name == me),
+        synchronous_standby_names: None,
+    }
+}
+
+/// `synchronous_standby_names` for instance `me` of `database` (see
+/// [`crate::failover::synchronous_standby_names`]): over every instance the spec asks for.
+pub fn synchronous_standby_names_for(database: &DatabaseService, me: &str) -> String {
+    let name = database.metadata.name.clone().unwrap_or_default();
+    let instances: Vec<String> =
+        (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect();
+    crate::failover::synchronous_standby_names(&instances, database.spec.failover_settings().synchronous_standbys, me)
 }
 
 /// The Lease as a [`LeaseRecord`].
@@ -187,7 +201,9 @@ impl ControlPlane for KubeControlPlane {
         let database =
             database.ok_or_else(|| ControlPlaneError(format!("DatabaseService {} not seen yet", self.database)))?;
         let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
-        Ok(desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port))
+        let mut desired = desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port);
+        desired.synchronous_standby_names = Some(synchronous_standby_names_for(&database, &self.pod));
+        Ok(desired)
     }
 
     async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
@@ -252,7 +268,10 @@ mod tests {
         assert_eq!(pending.upstream, None);
         assert_eq!(pending.target_primary.as_deref(), Some("pending"));
         let fresh = desired_from(&FailoverStatus::default(), &["db-0".into()], "db-0", domain, 5432);
-        assert_eq!(fresh, Desired { target_primary: None, upstream: None, fenced: true });
+        assert_eq!(
+            fresh,
+            Desired { target_primary: None, upstream: None, fenced: true, synchronous_standby_names: None }
+        );
     }
 
     #[test]

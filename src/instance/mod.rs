@@ -89,6 +89,9 @@ pub struct Desired {
     pub upstream: Option<Upstream>,
     /// A person fenced this instance: keep PostgreSQL stopped.
     pub fenced: bool,
+    /// `synchronous_standby_names` this instance applies should it be primary ('' for asynchronous
+    /// replication); None when unknown (the API is unreachable): the current value stays.
+    pub synchronous_standby_names: Option<String>,
 }
 
 /// The API could not be reached or refused.

@@ -303,6 +303,12 @@ impl Postgres {
         .await
     }
 
+    /// Makes the server re-read its configuration files (pg_reload_conf returns before the
+    /// postmaster has applied them; a commit right after may still use the old value).
+    pub async fn reload(&mut self) -> Result<(), PostgresError> {
+        self.bounded(async |client| client.batch_execute("SELECT pg_reload_conf()").await).await
+    }
+
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
     /// failures are ignored, the stop that follows matters.
     pub async fn checkpoint(&mut self) {
@@ -365,4 +371,32 @@ pub fn initialized(pgdata: &Path) -> bool {
 /// The data directory is configured to start as a standby.
 pub fn is_standby_data(pgdata: &Path) -> bool {
     pgdata.join("standby.signal").exists()
+}
+
+/// Below this much free space on the data volume the instance reports its disk full: less than
+/// two WAL segments, so PostgreSQL is about to fail (or already fails) to write WAL.
+pub const DISK_FULL_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Bytes available to unprivileged users on the file system holding `path` (statvfs), if known.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes into the struct it is given; the path is a valid C string.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return None;
+    }
+    Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_bytes_of_an_existing_directory_and_none_for_a_missing_one() {
+        let directory = tempfile::tempdir().unwrap();
+        assert!(free_bytes(directory.path()).is_some_and(|free| free > 0));
+        assert_eq!(free_bytes(&directory.path().join("missing")), None);
+    }
 }

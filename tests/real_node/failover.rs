@@ -15,6 +15,7 @@ use crate::environment::{
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::DatabaseService;
+use dbservice_operator::controller::ledger::{self, LedgerEntry};
 use dbservice_operator::failover::SWITCHOVER_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -22,10 +23,10 @@ use kube::Api;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const DATABASE: &str = "ha";
+pub(crate) const DATABASE: &str = "ha";
 const WRITER: &str = "writer";
 /// How long a scenario may take to end in one primary and streaming standbys.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Commits through the Secret's uri (Service `ha`) in a loop; one line per attempt:
 /// `ack <id> <epoch seconds>` or `fail <id> <epoch seconds>`.
@@ -45,7 +46,7 @@ while :; do
 done
 "#;
 
-fn epoch_now() -> f64 {
+pub(crate) fn epoch_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
@@ -78,7 +79,7 @@ fn writer_log(namespace: &str) -> Vec<Attempt> {
         .collect()
 }
 
-async fn start_writer(client: &kube::Client, node: &RealNode, namespace: &str) {
+pub(crate) async fn start_writer(client: &kube::Client, node: &RealNode, namespace: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": WRITER},
@@ -103,7 +104,7 @@ async fn start_writer(client: &kube::Client, node: &RealNode, namespace: &str) {
 
 /// The primary and standbys as the status shows them, once there is exactly one primary behind
 /// the Service (the only pod labelled primary) and every other instance streams from it.
-async fn settled(client: &kube::Client, namespace: &str, instances: usize) -> Option<String> {
+pub(crate) async fn settled(client: &kube::Client, namespace: &str, instances: usize) -> Option<String> {
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
     let status = databases.get(DATABASE).await.ok()?.status?;
     let primary = status.failover.current_primary.clone()?;
@@ -126,16 +127,35 @@ async fn settled(client: &kube::Client, namespace: &str, instances: usize) -> Op
 }
 
 async fn wait_settled(client: &kube::Client, namespace: &str) -> String {
-    eventually("one primary behind the Service, the other instance streaming", SETTLE_TIMEOUT, || {
-        settled(client, namespace, 2)
+    wait_settled_instances(client, namespace, 2).await
+}
+
+/// Waits until one primary is behind the Service and the `instances - 1` others stream from it.
+pub(crate) async fn wait_settled_instances(client: &kube::Client, namespace: &str, instances: usize) -> String {
+    eventually("one primary behind the Service, the other instances streaming", SETTLE_TIMEOUT, || {
+        settled(client, namespace, instances)
     })
     .await
+}
+
+/// The entries of the ledger of DATABASE with action `action`.
+pub(crate) fn ledger_entries(namespace: &str, action: &str) -> Vec<LedgerEntry> {
+    let text = kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "configmap",
+        &format!("{DATABASE}-ledger"),
+        "-o",
+        "jsonpath={.data.ledger\\.jsonl}",
+    ]);
+    ledger::parse(&text).into_iter().filter(|entry| entry.action == action).collect()
 }
 
 /// Figures of one scenario from the writer's log: the time from `failed_at` to the first
 /// acknowledged commit after the first failed attempt (0 when no attempt failed), the acknowledged
 /// commits since `since_id` missing from the table, and how many were acknowledged.
-async fn figures(
+pub(crate) async fn figures(
     client: &kube::Client,
     node: &RealNode,
     namespace: &str,
@@ -177,11 +197,11 @@ async fn figures(
     (rto, lost)
 }
 
-fn last_id(namespace: &str) -> i64 {
+pub(crate) fn last_id(namespace: &str) -> i64 {
     writer_log(namespace).last().map_or(0, |attempt| attempt.id)
 }
 
-fn exec_in(namespace: &str, pod: &str, script: &str) {
+pub(crate) fn exec_in(namespace: &str, pod: &str, script: &str) {
     kubectl(&["-n", namespace, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c", script]);
 }
 
@@ -310,10 +330,15 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
     })
     .await;
 
-    // The ledger records every change with its timing.
-    let ledger = kubectl(&["-n", ns, "get", "configmap", &format!("{DATABASE}-ledger"), "-o", "json"]);
-    assert!(ledger.contains("Switchover"), "ledger: {ledger}");
-    assert!(ledger.contains("Failover"), "ledger: {ledger}");
+    // The ledger records every change with its timing, each once (one switchover was once recorded
+    // twice: its status write was refused after the request annotation had been cleared).
+    let switchovers = ledger_entries(ns, "Switchover");
+    assert_eq!(switchovers.len(), 1, "one switchover, one ledger entry: {switchovers:?}");
+    assert!(switchovers[0].outcome.starts_with("completed in"), "{switchovers:?}");
+    let failovers = ledger_entries(ns, "Failover");
+    assert!(!failovers.is_empty(), "failovers in the ledger");
+    let started = ledger_entries(ns, "FailoverStarted").len();
+    assert!(failovers.len() <= started, "each failover recorded once ({started} started): {failovers:?}");
     let events = kubectl(&["-n", ns, "get", "events", "-o", "json"]);
     assert!(events.contains("SwitchoverCompleted") && events.contains("FailoverCompleted"));
     let _ = pods.delete(WRITER, &DeleteParams::default()).await;

@@ -16,6 +16,8 @@ mod node;
 mod object_store;
 mod operator;
 mod postgres;
+mod rolling;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]
 mod support;
+mod synchronous;

@@ -7,7 +7,8 @@
 use chrono::Utc;
 use dbservice_operator::failover::lease::{LeaseRecord, LeaseTimings};
 use dbservice_operator::failover::{
-    decide, Action, FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport, Observed, PodState,
+    decide, synchronous_standby_names, Action, FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport,
+    Observed, PodState,
 };
 use dbservice_operator::instance::{Agent, ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use std::collections::{BTreeMap, BTreeSet};
@@ -118,6 +119,8 @@ pub struct World {
     /// Pods deleted (their processes are dead).
     pub gone: BTreeSet<String>,
     pub switchover_to: Option<String>,
+    /// spec.failover.synchronousStandbys.
+    pub synchronous_standbys: u32,
     /// Every distinct operator action, with when it was decided.
     pub actions: Vec<(Instant, Action)>,
     pub lease_writes: u64,
@@ -153,7 +156,14 @@ impl ControlPlane for MemoryControlPlane {
             .as_ref()
             .filter(|current| settled && **current != self.name)
             .map(|current| Upstream { host: "127.0.0.1".into(), port: world.ports[current] });
-        Ok(Desired { target_primary: status.target_primary.clone(), upstream, fenced: false })
+        let instances: Vec<String> = world.ports.keys().cloned().collect();
+        let synchronous = synchronous_standby_names(&instances, world.synchronous_standbys, &self.name);
+        Ok(Desired {
+            target_primary: status.target_primary.clone(),
+            upstream,
+            fenced: false,
+            synchronous_standby_names: Some(synchronous),
+        })
     }
 
     async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
@@ -300,7 +310,7 @@ impl Cluster {
             renew_period: Duration::from_secs(1),
         };
         timings.validate().unwrap();
-        let mut world = World::default();
+        let mut world = World { synchronous_standbys: settings.synchronous_standbys, ..Default::default() };
         let mut configs = BTreeMap::new();
         for name in names {
             let base = dir.path().join(name);
@@ -412,6 +422,18 @@ impl Cluster {
             task.abort();
         }
         signal_postgres(&self.pgdata(name), libc::SIGKILL);
+        let mut world = self.world.lock().unwrap();
+        world.gone.insert(name.to_string());
+        world.reports.remove(name);
+    }
+
+    /// The pod is deleted the way a kubelet deletes it: its agent is told to stop (SIGTERM) and
+    /// stops PostgreSQL cleanly, handing the Lease over; the pod object goes once it has exited.
+    pub async fn delete_pod(&mut self, name: &str) {
+        if let Some((stop, task)) = self.agents.remove(name) {
+            let _ = stop.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
         let mut world = self.world.lock().unwrap();
         world.gone.insert(name.to_string());
         world.reports.remove(name);
