@@ -9,7 +9,7 @@ use crate::backup::manifest::{BackupChunk, BackupManifest};
 use crate::backup::selection::{select_backup, RecoveryTarget, SelectBackupError};
 use crate::backup::signing::sha256_hex;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a restore failed.
@@ -112,6 +112,22 @@ pub fn target_of(args: &RestoreArgs) -> Result<RecoveryTarget, RestoreError> {
         return Ok(RecoveryTarget::Name(name.clone()));
     }
     Ok(RecoveryTarget::Latest)
+}
+
+/// A word for `sh -c` (PostgreSQL runs restore_command through the shell).
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// `restore_command`: our `wal-restore`, reading from the store the base backup came from (its
+/// settings as flags, so that a pod archiving into another store still replays the source's WAL).
+pub fn restore_command_line(binary: &Path, store: &crate::backup::config::StoreArgs) -> String {
+    let mut line = format!("{} wal-restore %f %p", shell_word(&binary.display().to_string()));
+    for flag in store.flags_without_secrets() {
+        line.push(' ');
+        line.push_str(&shell_word(&flag));
+    }
+    line
 }
 
 /// A string literal for postgresql.conf.
@@ -222,6 +238,58 @@ fn write_recovery_configuration(
     std::fs::write(&signal, b"").map_err(|error| write_error(&signal, error))
 }
 
+/// Settings of the source database that must not outlive a completed recovery: where WAL came
+/// from and where replay stopped (a standby cloned with them would stop at the target and promote
+/// itself), and how the source archived and streamed (the new database brings its own).
+const SOURCE_ONLY_SETTINGS: &[&str] = &[
+    "restore_command",
+    "recovery_target",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_name",
+    "recovery_target_timeline",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+    "archive_mode",
+    "archive_command",
+    "archive_timeout",
+    "primary_conninfo",
+    "primary_slot_name",
+];
+
+/// postgresql.auto.conf without [`SOURCE_ONLY_SETTINGS`] and the recovery comment.
+pub fn without_recovery_settings(auto_conf: &str) -> String {
+    auto_conf
+        .lines()
+        .filter(|line| {
+            let name = line.split('=').next().unwrap_or("").trim();
+            !SOURCE_ONLY_SETTINGS.contains(&name) && !line.starts_with("# dbservice-operator: recovery from")
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// Removes the recovery settings from a recovered, stopped data directory (see
+/// [`without_recovery_settings`]).
+pub fn remove_recovery_settings(directory: &Path) -> Result<(), RestoreError> {
+    let auto_conf = directory.join("postgresql.auto.conf");
+    let write_error = |error| RestoreError::Write { path: auto_conf.display().to_string(), error };
+    let text = std::fs::read_to_string(&auto_conf).map_err(write_error)?;
+    let temporary = directory.join("postgresql.auto.conf.dbservice.tmp");
+    let write_error = |error| RestoreError::Write { path: temporary.display().to_string(), error };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(write_error)?;
+    file.write_all(without_recovery_settings(&text).as_bytes()).and_then(|()| file.sync_all()).map_err(write_error)?;
+    std::fs::rename(&temporary, &auto_conf)
+        .map_err(|error| RestoreError::Write { path: auto_conf.display().to_string(), error })
+}
+
 /// Restores into `args.pgdata`; returns the backup used.
 pub async fn restore(args: RestoreArgs) -> Result<BackupManifest, RestoreError> {
     let target = target_of(&args)?;
@@ -245,7 +313,7 @@ pub async fn restore(args: RestoreArgs) -> Result<BackupManifest, RestoreError> 
         Some(binary) => binary.clone(),
         None => std::env::current_exe().unwrap_or_else(|_| PathBuf::from("dbservice-operator")),
     };
-    let restore_command = format!("\"{}\" wal-restore %f %p", binary.display());
+    let restore_command = restore_command_line(&binary, &args.store);
     write_recovery_configuration(&args.pgdata, &restore_command, &target, &backup.id)?;
     Ok(backup)
 }
@@ -279,6 +347,45 @@ mod tests {
         assert!(recovery_settings(command, &RecoveryTarget::Xid(741), "b1").contains("recovery_target_xid = '741'"));
         assert!(recovery_settings(command, &RecoveryTarget::Name("it's done".into()), "b1")
             .contains("recovery_target_name = 'it''s done'"));
+    }
+
+    #[test]
+    fn the_restore_command_reads_the_source_store_without_secrets() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            store: crate::backup::config::StoreArgs,
+        }
+        let flags = Flags::try_parse_from([
+            "test",
+            "--endpoint=http://10.85.0.1:9000",
+            "--bucket=backups",
+            "--path=prod",
+            "--server-name=orders",
+            "--access-key-id=AKID",
+            "--secret-access-key=very-secret",
+            "--ca-file=/dbservice/recovery-ca/ca.crt",
+        ])
+        .unwrap();
+        let line = restore_command_line(Path::new("/dbservice/bin/dbservice-operator"), &flags.store);
+        assert!(line
+            .starts_with("'/dbservice/bin/dbservice-operator' wal-restore %f %p '--endpoint=http://10.85.0.1:9000'"));
+        assert!(line.contains("'--server-name=orders'") && line.contains("'--ca-file=/dbservice/recovery-ca/ca.crt'"));
+        assert!(!line.contains("AKID") && !line.contains("very-secret"), "{line}");
+        let mut from_files = flags.store.clone();
+        from_files.access_key_id_file = Some("/dbservice/recovery-credentials/accessKeyId".into());
+        assert!(restore_command_line(Path::new("/bin/x"), &from_files)
+            .contains("'--access-key-id-file=/dbservice/recovery-credentials/accessKeyId'"));
+    }
+
+    #[test]
+    fn a_completed_recovery_forgets_the_source_settings() {
+        let auto_conf = "# Do not edit this file manually!\nwal_log_hints = 'on'\narchive_command = 'old'\n\n\
+            # dbservice-operator: recovery from base backup b1\nrestore_command = 'x'\n\
+            recovery_target_time = '2026-12-01 00:30:05+00'\nrecovery_target_action = 'promote'\nmax_wal_senders = '10'\n";
+        let kept = without_recovery_settings(auto_conf);
+        assert_eq!(kept, "# Do not edit this file manually!\nwal_log_hints = 'on'\n\nmax_wal_senders = '10'\n");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 mod agent;
 pub mod kubernetes;
 pub mod postgres;
+pub mod recovery;
 pub mod run;
 pub mod standby;
 
