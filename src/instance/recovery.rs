@@ -8,9 +8,10 @@
 use super::postgres::{initialized, LocalState, Postgres, PostgresError};
 use super::standby::{self, StandbyError};
 use super::InstanceConfig;
+use crate::backup::config::RestoreArgs;
 use crate::backup::recovery::{staging_directory, RecoveryPhase, RecoveryPlan, RecoveryStatus};
 use crate::backup::restore::{remove_recovery_settings, restore, RestoreError};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -115,11 +116,23 @@ fn drain_log(path: &Path) -> String {
     text
 }
 
+/// Hands a restored tree to the user PostgreSQL runs as (an agent running as root: tests).
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
 /// One recovery attempt: the report of each phase goes to `report`; the completed status is
 /// returned. `stop` interrupts it (PGDATA stays empty).
 pub async fn recover(
     config: &InstanceConfig,
     plan: &RecoveryPlan,
+    restore_args: RestoreArgs,
     superuser_password: &str,
     attempt: u32,
     stop: &mut watch::Receiver<bool>,
@@ -140,7 +153,7 @@ pub async fn recover(
         error: None,
     };
     report(&status).await;
-    match attempt_recovery(config, plan, superuser_password, stop, &mut status, report).await {
+    match attempt_recovery(config, restore_args, superuser_password, stop, &mut status, report).await {
         Ok(()) => Ok(status),
         Err(error) => {
             status.phase = RecoveryPhase::Failed;
@@ -152,7 +165,7 @@ pub async fn recover(
 
 async fn attempt_recovery(
     config: &InstanceConfig,
-    plan: &RecoveryPlan,
+    restore_args: RestoreArgs,
     superuser_password: &str,
     stop: &mut watch::Receiver<bool>,
     status: &mut RecoveryStatus,
@@ -163,13 +176,15 @@ async fn attempt_recovery(
         // An earlier attempt's copy of the store: nothing of its own.
         std::fs::remove_dir_all(&staging).map_err(files(&staging))?;
     }
-    let binary = std::env::current_exe().unwrap_or_else(|_| PathBuf::from(crate::backup::pod::BINARY_DIRECTORY));
     let started = Instant::now();
-    let restoring = restore(plan.restore_args_in_pod(&staging, &binary));
+    let restoring = restore(RestoreArgs { pgdata: staging.clone(), ..restore_args });
     let backup = tokio::select! {
         restored = restoring => restored?,
         _ = stop.changed() => return Err(RecoverError::Interrupted),
     };
+    if let Some((uid, gid)) = config.os_user {
+        chown_tree(&staging, uid, gid).map_err(files(&staging))?;
+    }
     status.phase = RecoveryPhase::Replaying;
     status.backup_id = Some(backup.id.clone());
     status.restored_at = Some(now());

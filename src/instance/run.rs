@@ -148,7 +148,10 @@ async fn recover(
         }
     };
     let password = std::env::var("POSTGRES_PASSWORD").unwrap_or_default();
-    match super::recovery::recover(config, plan, &password, attempt, stop, &mut report).await {
+    let binary = std::env::current_exe()
+        .unwrap_or_else(|_| PathBuf::from(crate::backup::pod::BINARY_DIRECTORY).join("dbservice-operator"));
+    let restore_args = plan.restore_args_in_pod(&config.pgdata, &binary);
+    match super::recovery::recover(config, plan, restore_args, &password, attempt, stop, &mut report).await {
         Ok(status) => {
             tracing::info!(instance = %config.name, backup = ?status.backup_id, restore_seconds = ?status.restore_seconds, replay_seconds = ?status.replay_seconds, "recovery completed");
             report(&status).await;
