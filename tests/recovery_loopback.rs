@@ -86,20 +86,11 @@ async fn attempt(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_instance_recovers_to_a_time_and_starts_as_a_clean_primary() {
-    let Some(bin) = pg_bin() else {
-        return skip_or_fail("no PostgreSQL binaries (apt-get install postgresql-15, or set DBSERVICE_TEST_PG_BIN)");
+    let Some(Loopback { directory: _directory, store, sandbox }) = Loopback::start_or_skip("dbservice-recovery-").await
+    else {
+        return;
     };
-    let Some(moto) = moto_server() else {
-        return skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
-    };
-    let temporary = tempfile::Builder::new().prefix("dbservice-recovery-").tempdir_in("/tmp").unwrap();
-    let base = temporary.path().to_path_buf();
-    let owner = run_as();
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&base, Some(uid), Some(gid)).unwrap();
-    }
-    let store = Store::start(&moto, &base.join("moto.log")).await;
-    let sandbox = Sandbox { bin: bin.clone(), base: base.clone(), owner, endpoint: store.endpoint.clone() };
+    let bin = sandbox.bin.clone();
     // The source store's access key as the pod mounts it: files of a Secret volume.
     let credentials = sandbox.directory("credentials");
     for (file, value) in [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")] {
@@ -118,14 +109,7 @@ async fn the_first_instance_recovers_to_a_time_and_starts_as_a_clean_primary() {
         )
         .await
         .unwrap();
-    sandbox.run(&[
-        "backup",
-        "--host=127.0.0.1",
-        &format!("--port={}", source.port),
-        "--user=postgres",
-        &format!("--pg-bin-dir={}", bin.display()),
-        "--wal-wait-seconds=60",
-    ]);
+    sandbox.base_backup(source.port);
     client.batch_execute("insert into rows (batch) select 1 from generate_series(1, 11)").await.unwrap();
     let target: String = client.query_one("select to_json(clock_timestamp())#>>'{}'", &[]).await.unwrap().get(0);
     client.batch_execute("insert into rows (batch) select 2 from generate_series(1, 12)").await.unwrap();

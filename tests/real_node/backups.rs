@@ -9,27 +9,12 @@ use crate::object_store::{moto_server, pg_bin, run_as, skip_or_fail, Sandbox, St
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::DatabaseService;
 use dbservice_operator::backup::spec::{BackupSpec, CredentialsSecret, ObjectStore};
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::Api;
 use std::time::Duration;
 
 /// The host side of the node's pod bridge.
 pub const BRIDGE_ADDRESS: &str = "10.85.0.1";
-
-/// The Secret `s3` with moto's access key, as a user creates it for `credentialsSecret`.
-pub async fn create_store_secret(client: &kube::Client, namespace: &str) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let mut secret = Secret::default();
-    secret.metadata.name = Some("s3".into());
-    secret.string_data = Some(
-        [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")]
-            .into_iter()
-            .map(|(key, value)| (key.to_string(), value.to_string()))
-            .collect(),
-    );
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
-}
 
 /// The place of server `server_name` in the test bucket of the store at `endpoint`.
 pub fn object_store(endpoint: &str, server_name: &str) -> ObjectStore {
@@ -70,7 +55,7 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
     }
     let store = Store::start_on(&moto, &work.path().join("moto.log"), BRIDGE_ADDRESS).await;
 
-    create_store_secret(&client, &namespace.name).await;
+    crate::support::create_store_secret(&client, &namespace.name).await;
     let mut database = real_database(node, "pg", 1, "Delete");
     database.spec.backup = Some(archiving(&store.endpoint, SERVER_NAME));
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);

@@ -5,12 +5,12 @@
 //! exactly the rows written before it, on its primary and on the standby cloned from it, while
 //! archiving into its own path.
 
-use crate::backups::{archiving, create_store_secret, object_store, BRIDGE_ADDRESS};
+use crate::backups::{archiving, object_store, BRIDGE_ADDRESS};
 use crate::environment::{
     admin_client, install_chart, psql_in_instance, real_database, real_namespace, real_node_or_skip, wait_running,
 };
 use crate::object_store::{moto_server, skip_or_fail, Store, PREFIX};
-use crate::support::eventually;
+use crate::support::{create_store_secret, eventually};
 use dbservice_operator::api::DatabaseService;
 use dbservice_operator::backup::controller::api::{
     BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec, DatabaseServiceBackupStatus,
