@@ -9,7 +9,7 @@ use crate::backup::manifest::{BackupChunk, BackupManifest};
 use crate::backup::selection::{select_backup, RecoveryTarget, SelectBackupError};
 use crate::backup::signing::sha256_hex;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a restore failed.
@@ -268,26 +268,6 @@ pub fn without_recovery_settings(auto_conf: &str) -> String {
         })
         .map(|line| format!("{line}\n"))
         .collect()
-}
-
-/// Removes the recovery settings from a recovered, stopped data directory (see
-/// [`without_recovery_settings`]).
-pub fn remove_recovery_settings(directory: &Path) -> Result<(), RestoreError> {
-    let auto_conf = directory.join("postgresql.auto.conf");
-    let write_error = |error| RestoreError::Write { path: auto_conf.display().to_string(), error };
-    let text = std::fs::read_to_string(&auto_conf).map_err(write_error)?;
-    let temporary = directory.join("postgresql.auto.conf.dbservice.tmp");
-    let write_error = |error| RestoreError::Write { path: temporary.display().to_string(), error };
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .map_err(write_error)?;
-    file.write_all(without_recovery_settings(&text).as_bytes()).and_then(|()| file.sync_all()).map_err(write_error)?;
-    std::fs::rename(&temporary, &auto_conf)
-        .map_err(|error| RestoreError::Write { path: auto_conf.display().to_string(), error })
 }
 
 /// Restores into `args.pgdata`; returns the backup used.

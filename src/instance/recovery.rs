@@ -10,7 +10,7 @@ use super::standby::{self, StandbyError};
 use super::InstanceConfig;
 use crate::backup::config::RestoreArgs;
 use crate::backup::recovery::{staging_directory, RecoveryPhase, RecoveryPlan, RecoveryStatus};
-use crate::backup::restore::{remove_recovery_settings, restore, RestoreError};
+use crate::backup::restore::{restore, without_recovery_settings, RestoreError};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -227,7 +227,7 @@ async fn attempt_recovery(
         Ok(()) if !clean => return Err(RecoverError::Unclean),
         Ok(()) => {}
     }
-    remove_recovery_settings(&staging)?;
+    standby::rewrite_auto_conf(&temporary, without_recovery_settings)?;
     let signal = staging.join("recovery.signal");
     if signal.exists() {
         std::fs::remove_file(&signal).map_err(files(&signal))?;
