@@ -308,27 +308,42 @@ pub fn decide_recovery(
     if previous == Some(&reported) {
         return;
     }
-    let new_step =
-        previous.is_none_or(|previous| previous.phase != reported.phase || previous.attempt != reported.attempt);
+    let new_attempt = previous.is_none_or(|previous| previous.attempt != reported.attempt);
+    let new_step = new_attempt || previous.is_some_and(|previous| previous.phase != reported.phase);
     let message = summary(&reported);
+    let entry = |time: chrono::DateTime<chrono::Utc>, action: &str, outcome: &str| {
+        let backup = reported.backup_id.clone().unwrap_or_default();
+        LedgerEntry::at(time, generation, action, backup, reported.target.clone(), outcome)
+    };
+    if new_attempt {
+        // A fast attempt may be seen only once it is over: its begin is still journaled, at the
+        // time the agent reported.
+        let started = chrono::DateTime::parse_from_rfc3339(&reported.started_at)
+            .map_or(now, |time| time.with_timezone(&chrono::Utc));
+        let note = format!("{} began recovery attempt {} to {}", reported.instance, reported.attempt, reported.target);
+        journal.record(false, "RecoveryStarted", note.clone(), Some(entry(started, "RecoveryStarted", &note)));
+    }
     if new_step {
-        let (warning, reason, action) = match reported.phase {
-            RecoveryPhase::Restoring => (false, "RecoveryStarted", Some("RecoveryStarted")),
-            RecoveryPhase::Replaying => (false, "RecoveryReplaying", None),
-            RecoveryPhase::Completed => (false, "RecoveryCompleted", Some("RecoveryCompleted")),
-            RecoveryPhase::Failed => (true, "RecoveryFailed", Some("RecoveryFailed")),
-        };
-        let entry = action.map(|action| {
-            LedgerEntry::at(
-                now,
-                generation,
-                action,
-                reported.backup_id.clone().unwrap_or_default(),
-                reported.target.clone(),
-                message.clone(),
-            )
-        });
-        journal.record(warning, reason, message.clone(), entry);
+        match reported.phase {
+            RecoveryPhase::Restoring => {}
+            RecoveryPhase::Replaying => journal.record(false, "RecoveryReplaying", message.clone(), None),
+            RecoveryPhase::Completed => {
+                let outcome = format!(
+                    "{message}; began {}, completed {}",
+                    reported.started_at,
+                    reported.completed_at.as_deref().unwrap_or("(not reported)")
+                );
+                journal.record(
+                    false,
+                    "RecoveryCompleted",
+                    message.clone(),
+                    Some(entry(now, "RecoveryCompleted", &outcome)),
+                );
+            }
+            RecoveryPhase::Failed => {
+                journal.record(true, "RecoveryFailed", message.clone(), Some(entry(now, "RecoveryFailed", &message)))
+            }
+        }
     }
     let (done, reason) = match reported.phase {
         RecoveryPhase::Restoring => (false, "Restoring"),
@@ -454,6 +469,23 @@ mod tests {
         let actions: Vec<_> = journal.entries.iter().map(|entry| entry.action.as_str()).collect();
         assert_eq!(actions, ["RecoveryStarted", "RecoveryFailed", "RecoveryStarted", "RecoveryCompleted"]);
         assert_eq!(status.recovery.as_ref().unwrap().phase, RecoveryPhase::Completed);
+    }
+
+    #[test]
+    fn a_recovery_first_seen_completed_still_journals_its_begin_at_the_reported_time() {
+        let mut status = crate::api::DatabaseServiceStatus::default();
+        let mut journal = crate::controller::journal::Journal::default();
+        let mut completed = report(RecoveryPhase::Completed, 1);
+        completed.completed_at = Some("2026-12-01T01:00:03.000Z".into());
+        decide_recovery(&mut status, Some(completed), 1, chrono::Utc::now(), &mut journal);
+        let entries: Vec<_> =
+            journal.entries.iter().map(|entry| (entry.action.as_str(), entry.time.as_str())).collect();
+        assert_eq!(entries[0], ("RecoveryStarted", "2026-12-01T01:00:00Z"));
+        assert_eq!(entries[1].0, "RecoveryCompleted");
+        assert!(journal.entries[1]
+            .outcome
+            .contains("began 2026-12-01T01:00:00.000Z, completed 2026-12-01T01:00:03.000Z"));
+        assert_eq!(journal.entries[1].to, "time 2026-12-01T00:30:00Z");
     }
 
     #[test]
