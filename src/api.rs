@@ -184,6 +184,10 @@ pub struct DatabaseServiceStatus {
     /// Instances actually scheduled when standbys were scaled away for lack of resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded_replicas: Option<i32>,
+    /// Recovery from another database's backups (spec.bootstrap.recovery), as its first
+    /// instance reports it: phase, backup, target, timings, the last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::backup::recovery::RecoveryStatus>,
 }
 
 fn is_zero(value: &i32) -> bool {

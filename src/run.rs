@@ -36,6 +36,7 @@ pub fn shutdown_signal() -> watch::Receiver<bool> {
 /// Starts the HTTPS admission server and the probe server; returns their tasks.
 async fn start_servers(
     args: &WebhookArgs,
+    client: Option<kube::Client>,
     metrics: Arc<Metrics>,
     readiness: Readiness,
     shutdown: watch::Receiver<bool>,
@@ -43,9 +44,12 @@ async fn start_servers(
     install_crypto_provider();
     let certificate = ReloadingCertificate::load(&args.tls_cert, &args.tls_key)
         .map_err(|error| anyhow::anyhow!("--tls-cert/--tls-key: {error}"))?;
-    let state = AdmissionState::new(&args.min_storage_size, metrics.clone())
+    let mut state = AdmissionState::new(&args.min_storage_size, metrics.clone())
         .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
         .with_limits(RequestLimits::new(args.max_concurrent_requests));
+    if let Some(client) = client {
+        state = state.with_recovery_sources(Arc::new(crate::webhook::recovery_source::KubeStoreReader::new(client)));
+    }
     let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;
     let probe_listener = bind(args.probe_listen, "--probe-listen").await?;
@@ -63,7 +67,7 @@ pub async fn webhook(args: WebhookArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
-    let tasks = start_servers(&args, metrics, readiness.clone(), shutdown.clone()).await?;
+    let tasks = start_servers(&args, None, metrics, readiness.clone(), shutdown.clone()).await?;
     let _ = shutdown.wait_for(|stop| *stop).await;
     readiness.set(false);
     for task in tasks.into_iter().take(2) {
@@ -104,7 +108,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         tokio::spawn(managed.run(client.clone(), Duration::from_secs(args.certificate_check_seconds)));
     }
-    let servers = start_servers(&args.webhook, metrics.clone(), readiness.clone(), shutdown.clone()).await?;
+    let servers =
+        start_servers(&args.webhook, Some(client.clone()), metrics.clone(), readiness.clone(), shutdown.clone())
+            .await?;
     let election = LeaderElection {
         namespace: args.namespace.clone(),
         lease_name: args.lease_name.clone(),

@@ -92,20 +92,11 @@ async fn restore_and_start(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
-    let Some(bin) = pg_bin() else {
-        return skip_or_fail("no PostgreSQL binaries (apt-get install postgresql-15, or set DBSERVICE_TEST_PG_BIN)");
+    let Some(Loopback { directory: _directory, store, sandbox }) = Loopback::start_or_skip("dbservice-pitr-").await
+    else {
+        return;
     };
-    let Some(moto) = moto_server() else {
-        return skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
-    };
-    let temporary = tempfile::Builder::new().prefix("dbservice-pitr-").tempdir_in("/tmp").unwrap();
-    let base = temporary.path().to_path_buf();
-    let owner = run_as();
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&base, Some(uid), Some(gid)).unwrap();
-    }
-    let store = Store::start(&moto, &base.join("moto.log")).await;
-    let sandbox = Sandbox { bin: bin.clone(), base: base.clone(), owner, endpoint: store.endpoint.clone() };
+    let bin = sandbox.bin.clone();
 
     let primary_data = sandbox.initdb("primary");
     let mut primary = sandbox.start(&primary_data, &[]);
@@ -124,15 +115,7 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
 
     // The base backup: streamed, compressed, described by its manifest.
     let port = primary.port.to_string();
-    let backup: serde_json::Value = serde_json::from_str(&sandbox.run(&[
-        "backup",
-        "--host=127.0.0.1",
-        &format!("--port={port}"),
-        "--user=postgres",
-        &format!("--pg-bin-dir={}", bin.display()),
-        "--wal-wait-seconds=60",
-    ]))
-    .expect("backup prints its manifest");
+    let backup = sandbox.base_backup(primary.port);
     let backup_id = backup["id"].as_str().unwrap().to_string();
     assert_eq!(backup["timeline"], 1);
     assert_eq!(backup["postgresMajorVersion"], 15);

@@ -471,3 +471,88 @@ async fn metrics_count_requests_by_webhook_operation_result_and_denials_by_reaso
         assert!(text.contains(expected), "{expected:?} missing from:\n{text}");
     }
 }
+
+/// A recovery source as the store would describe it: one backup of PostgreSQL 16 ending at
+/// 2026-12-01T00:20:00Z and WAL archived until 00:50 (or an unreachable store).
+struct CannedStore(Result<(), String>);
+
+impl dbservice_operator::webhook::recovery_source::RecoverySourceReader for CannedStore {
+    fn read<'a>(
+        &'a self,
+        _: &'a dbservice_operator::api::DatabaseService,
+    ) -> dbservice_operator::webhook::recovery_source::ReadFuture<'a> {
+        use dbservice_operator::backup::catalog::RecoverableWindow;
+        let answer = self.0.clone().map(|()| {
+            let backup = serde_json::from_value(json!({
+                "id": "20261201T001000Z", "serverName": "orders", "beginLsn": "0/2000028", "endLsn": "0/2000100",
+                "beginWal": "000000010000000000000002", "endWal": "000000010000000000000002",
+                "startTime": "2026-12-01T00:10:00Z", "endTime": "2026-12-01T00:20:00Z", "timeline": 1,
+                "postgresMajorVersion": 16, "systemIdentifier": "7", "fromStandby": true, "sizeBytes": 1,
+                "storedBytes": 1, "compression": "zstd", "chunks": [],
+            }))
+            .expect("a manifest");
+            let time = |text: &str| Some(text.parse().unwrap());
+            dbservice_operator::webhook::recovery_source::StoreContents {
+                backups: vec![backup],
+                window: RecoverableWindow {
+                    first_recoverability_point: time("2026-12-01T00:20:00Z"),
+                    last_archived_wal_time: time("2026-12-01T00:50:00Z"),
+                },
+                own_archive_is_empty: true,
+                truncated: false,
+            }
+        });
+        Box::pin(async move { answer })
+    }
+}
+
+fn recovering_spec(time: &str) -> Value {
+    let mut spec = valid_spec();
+    spec["bootstrap"] = json!({"recovery": {
+        "source": {"endpoint": "http://10.85.0.1:9000", "bucket": "backups", "serverName": "orders",
+                   "credentialsSecret": {"name": "s3"}},
+        "target": {"time": time},
+    }});
+    spec
+}
+
+fn router_reading(store: CannedStore) -> Router {
+    let state = AdmissionState::new("1Gi", Arc::new(Metrics::new())).unwrap().with_recovery_sources(Arc::new(store));
+    admission_router(state)
+}
+
+#[tokio::test]
+async fn a_recovery_target_outside_the_stored_window_is_denied_on_create() {
+    let inside = review("CREATE", Some(database(recovering_spec("2026-12-01T00:30:00Z"))), None);
+    let response = admit(router_reading(CannedStore(Ok(()))), "/validate", &inside).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("warnings").is_none(), "{response}");
+
+    let late = review("CREATE", Some(database(recovering_spec("2026-12-01T01:30:00Z"))), None);
+    let response = admit(router_reading(CannedStore(Ok(()))), "/validate", &late).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 422, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.bootstrap.recovery.target.time") && message.contains("outside the recoverable window"),
+        "{message}"
+    );
+
+    let early = review("CREATE", Some(database(recovering_spec("2026-12-01T00:15:00Z"))), None);
+    let response = admit(router_reading(CannedStore(Ok(()))), "/validate", &early).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(response["status"]["message"].as_str().unwrap().contains("no base backup ended before"), "{response}");
+}
+
+#[tokio::test]
+async fn an_unreachable_recovery_source_admits_with_a_warning() {
+    let request = review("CREATE", Some(database(recovering_spec("2026-12-01T01:30:00Z"))), None);
+    let response = admit(router_reading(CannedStore(Err("connection refused".into()))), "/validate", &request).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = response["warnings"].as_array().expect("a warning");
+    assert!(warnings[0].as_str().unwrap().contains("not checked against the store (connection refused)"), "{response}");
+    // A webhook without Kubernetes access cannot read the source's Secret either.
+    let response = admit(router(&Arc::new(Metrics::new())), "/validate", &request).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response["warnings"][0].as_str().unwrap().contains("without Kubernetes access"), "{response}");
+}

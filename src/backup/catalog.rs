@@ -28,19 +28,45 @@ pub enum CatalogError {
 
 /// Every completed base backup of the server, oldest end first.
 pub async fn list_backups(client: &S3Client, layout: &KeyLayout) -> Result<Vec<BackupManifest>, CatalogError> {
+    let bounds = CatalogBounds { objects: usize::MAX, manifest_bytes: MANIFEST_LIMIT, keep_chunks: true };
+    Ok(list_backups_bounded(client, layout, &bounds).await?.0)
+}
+
+/// How much of a store a bounded read looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct CatalogBounds {
+    /// Most objects listed under one prefix.
+    pub objects: usize,
+    /// Largest manifest read.
+    pub manifest_bytes: usize,
+    /// Keep the chunk lists (a restore needs them; a check of the window does not).
+    pub keep_chunks: bool,
+}
+
+/// The completed base backups among the first `bounds.objects` objects of the base prefix,
+/// oldest end first, and whether the listing was cut short.
+pub async fn list_backups_bounded(
+    client: &S3Client,
+    layout: &KeyLayout,
+    bounds: &CatalogBounds,
+) -> Result<(Vec<BackupManifest>, bool), CatalogError> {
     let mut backups = Vec::new();
-    for object in client.list_objects(&layout.base_prefix()).await? {
+    let (objects, truncated) = client.list_objects_bounded(&layout.base_prefix(), bounds.objects).await?;
+    for object in objects {
         if !object.key.ends_with(&format!("/{MANIFEST_FILE}")) {
             continue;
         }
         // Deleted between listing and reading (retention): not a backup any more.
-        let Some(found) = client.get_object(&object.key, MANIFEST_LIMIT).await? else { continue };
-        let manifest: BackupManifest = serde_json::from_slice(&found.body)
+        let Some(found) = client.get_object(&object.key, bounds.manifest_bytes).await? else { continue };
+        let mut manifest: BackupManifest = serde_json::from_slice(&found.body)
             .map_err(|error| CatalogError::Manifest { key: object.key.clone(), error })?;
+        if !bounds.keep_chunks {
+            manifest.chunks = Vec::new();
+        }
         backups.push(manifest);
     }
     backups.sort_by_key(|backup| (backup.end_time, backup.id.clone()));
-    Ok(backups)
+    Ok((backups, truncated))
 }
 
 /// Every archived WAL object of the server, in key order.
@@ -49,7 +75,7 @@ pub async fn list_wal(client: &S3Client, layout: &KeyLayout) -> Result<Vec<Liste
 }
 
 /// The span of time a recovery can reach.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RecoverableWindow {
     /// End of the oldest backup: the earliest consistent point.

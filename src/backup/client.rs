@@ -326,10 +326,21 @@ impl S3Client {
 
     /// Every object under `prefix`, following continuation tokens, in key order.
     pub async fn list_objects(&self, prefix: &str) -> Result<Vec<ListedObject>, StoreError> {
+        Ok(self.list_objects_bounded(prefix, usize::MAX).await?.0)
+    }
+
+    /// The first `limit` objects under `prefix` in key order, and whether more exist.
+    pub async fn list_objects_bounded(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<(Vec<ListedObject>, bool), StoreError> {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
+        // S3 pages hold at most 1000 keys.
+        let page_size = limit.clamp(1, 1000).to_string();
         loop {
-            let mut query = vec![("list-type", "2"), ("prefix", prefix)];
+            let mut query = vec![("list-type", "2"), ("prefix", prefix), ("max-keys", page_size.as_str())];
             if let Some(token) = &token {
                 query.insert(0, ("continuation-token", token.as_str()));
             }
@@ -343,9 +354,14 @@ impl S3Client {
             }
             let page = xml::parse_list_page(&String::from_utf8_lossy(&body));
             objects.extend(page.objects);
+            if objects.len() >= limit {
+                let more = objects.len() > limit || page.next_continuation_token.is_some();
+                objects.truncate(limit);
+                return Ok((objects, more));
+            }
             match page.next_continuation_token {
                 Some(next) => token = Some(next),
-                None => return Ok(objects),
+                None => return Ok((objects, false)),
             }
         }
     }

@@ -133,6 +133,35 @@ impl StoreArgs {
     }
 }
 
+impl StoreArgs {
+    /// The flags that make `wal-restore` read this same store whatever its environment says,
+    /// without a secret: credentials only as files (given as values, they stay in the
+    /// environment of whoever runs the command).
+    pub fn flags_without_secrets(&self) -> Vec<String> {
+        let mut flags = vec![
+            format!("--endpoint={}", self.endpoint),
+            format!("--bucket={}", self.bucket),
+            format!("--path={}", self.path),
+            format!("--server-name={}", self.server_name),
+            format!("--region={}", self.region),
+            format!("--timeout-seconds={}", self.timeout_seconds),
+        ];
+        if let Some(addressing) = clap::ValueEnum::to_possible_value(&self.addressing) {
+            flags.push(format!("--addressing={}", addressing.get_name()));
+        }
+        for (flag, file) in [
+            ("--access-key-id-file", &self.access_key_id_file),
+            ("--secret-access-key-file", &self.secret_access_key_file),
+            ("--ca-file", &self.ca_file),
+        ] {
+            if let Some(file) = file {
+                flags.push(format!("{flag}={}", file.display()));
+            }
+        }
+        flags
+    }
+}
+
 /// Flags of `wal-archive`.
 #[derive(Debug, Args, Clone)]
 pub struct WalArchiveArgs {

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod lsn;
 pub mod manifest;
 pub mod pod;
+pub mod recovery;
 pub mod restore;
 pub mod retention;
 pub mod schedule;

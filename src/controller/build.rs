@@ -335,9 +335,11 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
         },
         ..Default::default()
     };
-    // Archiving needs our binary in the pod, so it follows spec.backup only when the operator knows its image.
+    // Archiving and recovery need our binary in the pod, so they follow spec.backup and
+    // spec.bootstrap.recovery only when the operator knows its image.
     if let (Some(_), Some(pod)) = (&inputs.instance_image, stateful_set.spec.template.spec.as_mut()) {
         crate::backup::pod::add_archiving(pod, database);
+        crate::backup::recovery::add_recovery(pod, database);
     }
     stateful_set
 }

@@ -260,19 +260,21 @@ impl Slim for ConfigMap {
 
 impl Slim for Pod {
     /// Health needs the postgres container's image, the conditions and the waiting reasons;
-    /// failover needs the agent's report annotation.
+    /// failover needs the agent's report annotation, and a recovering database its recovery one.
     fn slim(&mut self) {
-        // The instance agent's report is the one annotation the controller reads (failover).
-        let report = self
+        // The instance agent's annotations are the only ones the controller reads.
+        const READ: [&str; 2] =
+            [crate::failover::INSTANCE_REPORT_ANNOTATION, crate::backup::recovery::RECOVERY_ANNOTATION];
+        let kept: BTreeMap<String, String> = self
             .metadata
             .annotations
-            .as_mut()
-            .and_then(|annotations| annotations.remove(crate::failover::INSTANCE_REPORT_ANNOTATION));
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(key, _)| READ.contains(&key.as_str()))
+            .collect();
         slim_metadata(&mut self.metadata);
-        if let Some(report) = report {
-            self.metadata.annotations =
-                Some([(crate::failover::INSTANCE_REPORT_ANNOTATION.to_string(), report)].into());
-        }
+        self.metadata.annotations = (!kept.is_empty()).then_some(kept);
         if let Some(spec) = self.spec.take() {
             let containers = spec
                 .containers
@@ -371,5 +373,23 @@ mod tests {
         assert_eq!(super::super::health::pod_health(&slimmed), before);
         assert!(slimmed.metadata.managed_fields.is_none());
         assert!(slimmed.spec.unwrap().containers[0].env.is_none());
+    }
+
+    #[test]
+    fn pods_keep_the_agents_report_and_recovery_annotations_only() {
+        let mut pod = Pod::default();
+        pod.metadata.annotations = Some(
+            [
+                (crate::failover::INSTANCE_REPORT_ANNOTATION, "{}"),
+                (crate::backup::recovery::RECOVERY_ANNOTATION, "{\"phase\":\"Restoring\"}"),
+                ("kubectl.kubernetes.io/restartedAt", "now"),
+            ]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect(),
+        );
+        pod.slim();
+        let annotations = pod.metadata.annotations.unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["dbservice.dev/instance", "dbservice.dev/recovery"]);
     }
 }

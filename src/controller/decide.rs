@@ -168,7 +168,20 @@ pub fn decide(input: &DecideInput) -> Decision {
     }
 
     let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
-    let pods: Vec<PodHealth> = observed.pods.iter().map(|pod| health::pod_health(pod)).collect();
+    let pods: Vec<PodHealth> = observed
+        .pods
+        .iter()
+        .map(|pod| {
+            let mut health = health::pod_health(pod);
+            if crate::backup::recovery::recovering(pod) {
+                // Not ready on purpose while it restores; a restart would only start over.
+                health.unhealthy_since = None;
+            }
+            health
+        })
+        .collect();
+    let reported_recovery = crate::backup::recovery::reported(&observed.pods);
+    crate::backup::recovery::decide_recovery(&mut status, reported_recovery, generation, now, &mut journal);
     // The one StatefulSet this pass needs, expanded from its compact cached form.
     let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let live_stateful_set = expanded.as_ref();

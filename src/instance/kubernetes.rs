@@ -187,6 +187,20 @@ impl KubeControlPlane {
         }
     }
 
+    /// Publishes the progress of a recovery into the pod annotation
+    /// [`crate::backup::recovery::RECOVERY_ANNOTATION`], for the operator's status and ledger.
+    pub async fn publish_recovery(
+        &self,
+        status: &crate::backup::recovery::RecoveryStatus,
+    ) -> Result<(), ControlPlaneError> {
+        let text = serde_json::to_string(status).expect("a recovery status serializes");
+        let patch =
+            Patch::Merge(json!({"metadata": {"annotations": {crate::backup::recovery::RECOVERY_ANNOTATION: text}}}));
+        let params = PatchParams { field_manager: Some(AGENT_FIELD_MANAGER.into()), ..Default::default() };
+        self.bounded("publish the recovery status", self.pods.patch(&self.pod, &params, &patch)).await?;
+        Ok(())
+    }
+
     async fn lease(&self) -> Result<Lease, ControlPlaneError> {
         let lease =
             self.bounded("read the primary lease", self.leases.get(&primary_lease_name(&self.database))).await?;

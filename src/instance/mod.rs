@@ -11,6 +11,7 @@ mod agent;
 pub mod archiving;
 pub mod kubernetes;
 pub mod postgres;
+pub mod recovery;
 pub mod run;
 pub mod standby;
 

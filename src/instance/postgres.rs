@@ -309,6 +309,11 @@ impl Postgres {
         self.bounded(async |client| client.batch_execute("SELECT pg_reload_conf()").await).await
     }
 
+    /// Runs `statements` (one batch, no parameters), bounded by the health timeout.
+    pub async fn execute(&mut self, statements: &str) -> Result<(), PostgresError> {
+        self.bounded(async |client| client.batch_execute(statements).await).await
+    }
+
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
     /// failures are ignored, the stop that follows matters.
     pub async fn checkpoint(&mut self) {

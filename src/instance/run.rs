@@ -6,6 +6,7 @@
 use super::kubernetes::KubeControlPlane;
 use super::postgres::initialized;
 use super::{Agent, ControlPlane, InstanceConfig};
+use crate::backup::recovery::{retry_pause, RecoveryPlan, RecoveryStatus, RECOVERY_PLAN_VARIABLE};
 use crate::cli::{InstallBinaryArgs, InstanceRunArgs};
 use crate::failover::lease::LeaseTimings;
 use anyhow::Context as _;
@@ -77,10 +78,19 @@ fn server_settings(
 /// or once another instance is the primary to clone from.
 async fn bootstrap(
     args: &InstanceRunArgs,
+    config: &InstanceConfig,
     control_plane: &KubeControlPlane,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let tick = Duration::from_millis(args.tick_milliseconds);
+    let recovery_plan = match std::env::var(RECOVERY_PLAN_VARIABLE) {
+        Ok(text) => Some(
+            serde_json::from_str::<RecoveryPlan>(&text)
+                .with_context(|| format!("environment variable {RECOVERY_PLAN_VARIABLE}"))?,
+        ),
+        Err(_) => None,
+    };
+    let mut attempt = 0;
     while !initialized(&args.pgdata) && !*stop.borrow() {
         let desired = control_plane.desired().await;
         let lease = control_plane.read_lease().await;
@@ -89,6 +99,13 @@ async fn bootstrap(
                 let target = desired.target_primary.as_deref();
                 let fresh = record.holder.is_none() && record.timeline.is_none() && record.primary_lsn.is_none();
                 if target == Some(args.pod.as_str()) && fresh {
+                    if let Some(plan) = &recovery_plan {
+                        attempt += 1;
+                        if recover(config, plan, attempt, control_plane, stop).await {
+                            return Ok(());
+                        }
+                        continue;
+                    }
                     tracing::info!(instance = %args.pod, "bootstrapping the database: initdb");
                     let status = tokio::process::Command::new("/bin/bash")
                         .arg(&args.initialize_script)
@@ -112,6 +129,45 @@ async fn bootstrap(
         }
     }
     Ok(())
+}
+
+/// One recovery attempt with its reports; after a failure, the pause before the next one (the
+/// report says why it failed; a restart of the container would only lose that). True once the
+/// data directory holds the recovered database.
+async fn recover(
+    config: &InstanceConfig,
+    plan: &RecoveryPlan,
+    attempt: u32,
+    control_plane: &KubeControlPlane,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    tracing::info!(instance = %config.name, target = %plan.target_description(), attempt, "bootstrapping the database: recovery from a backup");
+    let mut report = async |status: &RecoveryStatus| {
+        if let Err(error) = control_plane.publish_recovery(status).await {
+            tracing::warn!(%error, "recovery progress not published");
+        }
+    };
+    let password = std::env::var("POSTGRES_PASSWORD").unwrap_or_default();
+    let binary = std::env::current_exe()
+        .unwrap_or_else(|_| PathBuf::from(crate::backup::pod::BINARY_DIRECTORY).join("dbservice-operator"));
+    let restore_args = plan.restore_args_in_pod(&config.pgdata, &binary);
+    match super::recovery::recover(config, plan, restore_args, &password, attempt, stop, &mut report).await {
+        Ok(status) => {
+            tracing::info!(instance = %config.name, backup = ?status.backup_id, restore_seconds = ?status.restore_seconds, replay_seconds = ?status.replay_seconds, "recovery completed");
+            report(&status).await;
+            true
+        }
+        Err((status, error)) => {
+            let pause = retry_pause(attempt);
+            tracing::error!(instance = %config.name, %error, ?pause, "recovery failed: trying again after a pause");
+            report(&status).await;
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.changed() => {}
+            }
+            false
+        }
+    }
 }
 
 /// Runs the instance agent until SIGTERM.
@@ -145,7 +201,7 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
         tracing::info!("terminating: stopping PostgreSQL cleanly");
         let _ = stop_sender.send(true);
     });
-    bootstrap(&args, &control_plane, &mut stop).await?;
+    bootstrap(&args, &config, &control_plane, &mut stop).await?;
     tracing::info!(instance = %args.pod, writes_per_second = config.lease.writes_per_second(), "instance agent running");
     Agent::new(config, control_plane).run(stop).await;
     Ok(())

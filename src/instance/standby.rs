@@ -78,21 +78,28 @@ fn persistent_settings(config: &InstanceConfig) -> Vec<(&str, String)> {
         .collect()
 }
 
-/// Sets `settings` in postgresql.auto.conf (replacing earlier values of the same names); the file
-/// stays private (0600), as it may hold a password.
+/// Sets `settings` in postgresql.auto.conf (replacing earlier values of the same names).
 pub fn set_auto_conf(config: &InstanceConfig, settings: &[(&str, String)]) -> Result<(), StandbyError> {
+    let name_of = |line: &str| line.split('=').next().unwrap_or("").trim().to_string();
+    rewrite_auto_conf(config, |existing| {
+        let mut text: String = existing
+            .lines()
+            .filter(|line| !settings.iter().any(|(name, _)| name_of(line) == *name))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        for (name, value) in settings {
+            text.push_str(&format!("{name} = '{}'\n", value.replace('\\', "\\\\").replace('\'', "''")));
+        }
+        text
+    })
+}
+
+/// Replaces postgresql.auto.conf with `edit` of its text, atomically; the file stays private
+/// (0600), as it may hold a password.
+pub fn rewrite_auto_conf(config: &InstanceConfig, edit: impl FnOnce(&str) -> String) -> Result<(), StandbyError> {
     use std::os::unix::fs::OpenOptionsExt;
     let auto = config.pgdata.join("postgresql.auto.conf");
-    let existing = std::fs::read_to_string(&auto).unwrap_or_default();
-    let name_of = |line: &str| line.split('=').next().unwrap_or("").trim().to_string();
-    let mut text: String = existing
-        .lines()
-        .filter(|line| !settings.iter().any(|(name, _)| name_of(line) == *name))
-        .map(|line| format!("{line}\n"))
-        .collect();
-    for (name, value) in settings {
-        text.push_str(&format!("{name} = '{}'\n", value.replace('\\', "\\\\").replace('\'', "''")));
-    }
+    let text = edit(&std::fs::read_to_string(&auto).unwrap_or_default());
     let temporary = config.pgdata.join("postgresql.auto.conf.dbservice.tmp");
     {
         use std::io::Write;

@@ -3,6 +3,7 @@
 
 pub mod connections;
 pub mod limits;
+pub mod recovery_source;
 pub mod review;
 pub mod server;
 pub mod tls;
@@ -34,13 +35,26 @@ pub struct AdmissionState {
     pub metrics: Arc<Metrics>,
     /// Size, time and concurrency bounds.
     pub limits: RequestLimits,
+    /// Reads the stores of a recovering DatabaseService on CREATE; without it (a webhook
+    /// without Kubernetes access) such objects are admitted with a warning.
+    pub recovery_sources: Option<Arc<dyn recovery_source::RecoverySourceReader>>,
 }
 
 impl AdmissionState {
     /// State with the given minimum storage size and the default limits; fails when it is not a quantity.
     pub fn new(min_storage_size: &str, metrics: Arc<Metrics>) -> Result<Self, crate::quantity::ParseQuantityError> {
         parse_bytes(min_storage_size)?;
-        Ok(Self { min_storage_size: min_storage_size.to_string(), metrics, limits: RequestLimits::default() })
+        Ok(Self {
+            min_storage_size: min_storage_size.to_string(),
+            metrics,
+            limits: RequestLimits::default(),
+            recovery_sources: None,
+        })
+    }
+
+    /// The same state reading recovery sources with `reader`.
+    pub fn with_recovery_sources(self, reader: Arc<dyn recovery_source::RecoverySourceReader>) -> Self {
+        Self { recovery_sources: Some(reader), ..self }
     }
 
     /// The same state with other limits.
@@ -238,7 +252,13 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
         let _slot = state.limits.decision_slot().await;
         let parsed = parse_request(&body).map_err(|reason| plain(StatusCode::BAD_REQUEST, reason))?;
         let (operation, decision) = match parsed.admission() {
-            Ok(admission) => (admission.operation.as_str(), decide(&state, &parsed.uid, &admission)),
+            Ok(admission) => {
+                let mut decision = decide(&state, &parsed.uid, &admission);
+                if webhook == "validate" {
+                    check_recovery_source(&state, &admission, &mut decision).await;
+                }
+                (admission.operation.as_str(), decision)
+            }
             Err(Refusal::Malformed(message)) => ("UNKNOWN", malformed(&parsed.uid, message)),
             Err(Refusal::NotUnderstood(message)) => (
                 "UNKNOWN",
@@ -259,6 +279,32 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
         Ok(Err(rejection)) => rejection.into_response(),
         Err(_) => {
             plain(StatusCode::REQUEST_TIMEOUT, "the request was not received and decided in time").into_response()
+        }
+    }
+}
+
+/// The store-dependent rules of an admitted CREATE with `spec.bootstrap.recovery`
+/// ([`recovery_source`]): a denial, or a warning when the stores could not be read.
+async fn check_recovery_source(state: &AdmissionState, admission: &Admission, decision: &mut Decision) {
+    let Some(object) = admission.object.as_ref() else { return };
+    let recovering = object.spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
+    if admission.operation != Operation::Create || !recovering || !decision.response.allowed {
+        return;
+    }
+    let verdict = match &state.recovery_sources {
+        Some(reader) => recovery_source::check(reader.as_ref(), object).await,
+        None => recovery_source::verdict(object, Err("this webhook runs without Kubernetes access".into())),
+    };
+    match verdict {
+        recovery_source::StoreVerdict::Allow => {}
+        recovery_source::StoreVerdict::Warn(warning) => decision.response.warnings.push(warning),
+        recovery_source::StoreVerdict::Deny(errors) => {
+            let outcome = crate::validation::ValidationOutcome { errors, warnings: Vec::new() };
+            let warnings = std::mem::take(&mut decision.response.warnings);
+            decision.response = review::Response::deny(&decision.response.uid, "Invalid", 422, outcome.message());
+            decision.response.warnings = warnings;
+            decision.result = "denied";
+            decision.denial_reasons = outcome.errors.iter().map(|error| error.reason()).collect();
         }
     }
 }

@@ -5,7 +5,6 @@ use crate::object_store::{moto_server, skip_or_fail, Store, BINARY};
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, operator::shared, TestNamespace};
 use bytes::Bytes;
 use dbservice_operator::api::DatabaseService;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::Api;
 use std::process::Command;
@@ -35,16 +34,7 @@ async fn backups_lists_the_backups_and_window_of_a_database_service() {
     put("prod/orders/base/20261201T000000Z/backup.json", serde_json::to_vec(&manifest).unwrap()).await.unwrap();
     put("prod/orders/wal/00000001/000000010000000000000002.zst", b"segment".to_vec()).await.unwrap();
 
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
-    let mut secret = Secret::default();
-    secret.metadata.name = Some("s3".into());
-    secret.string_data = Some(
-        [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")]
-            .into_iter()
-            .map(|(key, value)| (key.to_string(), value.to_string()))
-            .collect(),
-    );
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    crate::support::create_store_secret(&client, &namespace.name).await;
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     let database = database_from_yaml(&format!(
         "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: orders\nspec:\n  version: \"16\"\n  \

@@ -9,13 +9,33 @@ use crate::object_store::{moto_server, pg_bin, run_as, skip_or_fail, Sandbox, St
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::DatabaseService;
 use dbservice_operator::backup::spec::{BackupSpec, CredentialsSecret, ObjectStore};
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::Api;
 use std::time::Duration;
 
 /// The host side of the node's pod bridge.
-const BRIDGE_ADDRESS: &str = "10.85.0.1";
+pub const BRIDGE_ADDRESS: &str = "10.85.0.1";
+
+/// The place of server `server_name` in the test bucket of the store at `endpoint`.
+pub fn object_store(endpoint: &str, server_name: &str) -> ObjectStore {
+    ObjectStore {
+        endpoint: endpoint.into(),
+        bucket: BUCKET.into(),
+        path: Some(PREFIX.into()),
+        server_name: Some(server_name.into()),
+        credentials_secret: CredentialsSecret { name: "s3".into(), ..Default::default() },
+        ..Default::default()
+    }
+}
+
+/// Archiving of server `server_name` with a 10 s archive_timeout.
+pub fn archiving(endpoint: &str, server_name: &str) -> BackupSpec {
+    BackupSpec {
+        object_store: object_store(endpoint, server_name),
+        archive_timeout_seconds: Some(10),
+        ..Default::default()
+    }
+}
 
 #[tokio::test]
 async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
@@ -35,29 +55,9 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
     }
     let store = Store::start_on(&moto, &work.path().join("moto.log"), BRIDGE_ADDRESS).await;
 
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
-    let mut secret = Secret::default();
-    secret.metadata.name = Some("s3".into());
-    secret.string_data = Some(
-        [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")]
-            .into_iter()
-            .map(|(key, value)| (key.to_string(), value.to_string()))
-            .collect(),
-    );
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    crate::support::create_store_secret(&client, &namespace.name).await;
     let mut database = real_database(node, "pg", 1, "Delete");
-    database.spec.backup = Some(BackupSpec {
-        object_store: ObjectStore {
-            endpoint: store.endpoint.clone(),
-            bucket: BUCKET.into(),
-            path: Some(PREFIX.into()),
-            server_name: Some(SERVER_NAME.into()),
-            credentials_secret: CredentialsSecret { name: "s3".into(), ..Default::default() },
-            ..Default::default()
-        },
-        archive_timeout_seconds: Some(10),
-        ..Default::default()
-    });
+    database.spec.backup = Some(archiving(&store.endpoint, SERVER_NAME));
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     databases.create(&PostParams::default(), &database).await.unwrap();
     wait_running(&client, &namespace.name, "pg", 1, Duration::from_secs(240)).await;

@@ -16,6 +16,7 @@ mod node;
 mod object_store;
 mod operator;
 mod postgres;
+mod recovery;
 mod rolling;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]

@@ -300,3 +300,48 @@ impl Sandbox {
         }
     }
 }
+
+/// A loopback test's world: its temporary directory (owned by the PostgreSQL user), moto_server
+/// and the sandbox. None (skipped; under CI=true a failure) without PostgreSQL or moto_server.
+pub struct Loopback {
+    pub directory: tempfile::TempDir,
+    pub store: Store,
+    pub sandbox: Sandbox,
+}
+
+impl Loopback {
+    pub async fn start_or_skip(prefix: &str) -> Option<Loopback> {
+        let Some(bin) = pg_bin() else {
+            skip_or_fail("no PostgreSQL binaries (apt-get install postgresql-15, or set DBSERVICE_TEST_PG_BIN)");
+            return None;
+        };
+        let Some(moto) = moto_server() else {
+            skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
+            return None;
+        };
+        let directory = tempfile::Builder::new().prefix(prefix).tempdir_in("/tmp").unwrap();
+        let base = directory.path().to_path_buf();
+        let owner = run_as();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&base, Some(uid), Some(gid)).unwrap();
+        }
+        let store = Store::start(&moto, &base.join("moto.log")).await;
+        let sandbox = Sandbox { bin, base, owner, endpoint: store.endpoint.clone() };
+        Some(Loopback { directory, store, sandbox })
+    }
+}
+
+impl Sandbox {
+    /// `dbservice-operator backup` of the server on `port` (as postgres); its manifest.
+    pub fn base_backup(&self, port: u16) -> serde_json::Value {
+        serde_json::from_str(&self.run(&[
+            "backup",
+            "--host=127.0.0.1",
+            &format!("--port={port}"),
+            "--user=postgres",
+            &format!("--pg-bin-dir={}", self.bin.display()),
+            "--wal-wait-seconds=60",
+        ]))
+        .expect("backup prints its manifest")
+    }
+}

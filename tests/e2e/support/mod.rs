@@ -136,3 +136,18 @@ pub fn sample_database(name: &str) -> DatabaseService {
         "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: {name}\nspec:\n  version: \"16.4\"\n  storageSize: 1Gi\n  databaseName: app\n  username: app_user\n"
     ))
 }
+
+/// The Secret `s3` with the test store's access key (moto accepts any), as a user creates it for
+/// `credentialsSecret`.
+pub async fn create_store_secret(client: &Client, namespace: &str) {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("s3".into());
+    secret.string_data = Some(
+        [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect(),
+    );
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+}
