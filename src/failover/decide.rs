@@ -51,6 +51,8 @@ pub enum Rejection {
     },
     /// It was not promoted within the switchover timeout.
     TimedOut,
+    /// The database has no other instance to promote.
+    NoStandby,
 }
 
 /// What the operator does after writing the returned status.
@@ -260,6 +262,16 @@ fn steady(
     }
     let healthy = primary.is_some_and(|primary| primary.pod == PodState::Ready)
         && report.is_some_and(|report| report.postgres_ready && report.role == Role::Primary);
+    if !healthy && observed.instances.iter().all(|instance| instance.name == current) {
+        // A single instance is never "failed over": that would stop its own server (the target
+        // is no longer itself) and leave the database down until the failover was abandoned.
+        // Its pod is restarted by the controller's self-healing instead.
+        next.primary_failing_since = None;
+        return Decision {
+            status: next,
+            action: Action::FailoverBlocked { primary: current, reason: Rejection::NoStandby },
+        };
+    }
     if !healthy {
         let since = status.primary_failing_since.unwrap_or(now);
         next.primary_failing_since = Some(since);

@@ -188,6 +188,20 @@ fn fenced_and_disk_full_primaries_never_fail_over() {
 }
 
 #[test]
+fn a_single_instance_is_never_failed_over() {
+    let alone = |pod, report| observed(vec![instance("db-0", pod, report)]);
+    let not_ready = InstanceReport { postgres_ready: false, ..primary_report() };
+    let blocked = Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::NoStandby };
+    check(vec![
+        ("not ready", steady_status(), alone(PodState::NotReady, Some(not_ready)), settings(0), 0, blocked.clone()),
+        ("gone", failing_status(0), alone(PodState::Gone, None), settings(0), 100, blocked.clone()),
+        ("healthy", steady_status(), alone(PodState::Ready, Some(primary_report())), settings(0), 0, Action::Steady),
+    ]);
+    let gone = decide(&failing_status(0), &alone(PodState::Gone, None), &settings(0), at(100));
+    assert_eq!(gone.status.target_primary.as_deref(), Some("db-0"), "the target stays the only instance");
+}
+
+#[test]
 fn candidate_choice() {
     let old = || instance("db-0", PodState::Gone, None);
     let requested = |target: &str| Action::PromotionRequested { kind: TransitionKind::Failover, target: target.into() };
