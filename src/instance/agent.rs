@@ -366,17 +366,40 @@ impl<C: ControlPlane> Agent<C> {
             return Ok(());
         }
         let was_primary = self.role == Some(Role::Primary);
+        let mut stop_began = None;
         if was_primary {
+            stop_began = self.postgres.insert_lsn().await.ok();
             self.postgres.checkpoint().await;
         }
         let clean = self.postgres.stop(self.config.stop_grace).await;
         if !was_primary {
             return Ok(());
         }
-        let checkpoint = if clean { standby::shutdown_checkpoint(&self.config).await?.0.into() } else { None };
-        tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, "primary stopped");
+        let control = if clean { Some(standby::shutdown_checkpoint(&self.config).await?) } else { None };
+        let checkpoint = control.map(|control| control.checkpoint);
+        let released = match (control, stop_began) {
+            (Some(control), Some(stop_began)) => Some(self.end_of_committed_wal(stop_began, &control).await),
+            _ => checkpoint,
+        };
+        tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, released = ?released, "primary stopped");
         self.shutdown_checkpoint = checkpoint;
-        self.release_lease(checkpoint).await
+        self.release_lease(released).await
+    }
+
+    /// The position a successor must have received to hold every commit of this stopped primary:
+    /// the end of its last commit record (see [`standby::end_of_committed_wal`]), not the shutdown
+    /// checkpoint. A standby may have lost the stream just before the stop (seen on the real node:
+    /// 176 bytes short of the shutdown checkpoint, exactly the CHECKPOINT the stop begins with); it
+    /// then has every commit and need not wait. Without pg_waldump's answer, the shutdown checkpoint
+    /// (stricter).
+    async fn end_of_committed_wal(&self, stop_began: Lsn, control: &standby::ControlData) -> Lsn {
+        match standby::end_of_committed_wal(&self.config, stop_began, control).await {
+            Ok(end) => end,
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not read the last WAL records: releasing at the shutdown checkpoint");
+                control.checkpoint
+            }
+        }
     }
 
     async fn release_lease(&mut self, checkpoint: Option<Lsn>) -> Result<(), AgentError> {
