@@ -64,11 +64,11 @@ pub struct Agent<C> {
     synchronous_applied: Option<String>,
 }
 
-/// Longest wait of a promotion for the WAL up to the old primary's shutdown checkpoint while the
-/// standby no longer streams. Seen on the real node: a primary whose pod was deleted stopped
-/// cleanly, but its walsender ended 176 bytes before the shutdown checkpoint, so that position
-/// never arrives; waiting for it forever would leave the database without a primary. Promoting
-/// after this wait may lose the commits in that gap (logged), as any asynchronous failover may.
+/// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
+/// last commit) while the standby no longer streams. The position never arrives when the stream
+/// ended while that primary still committed (its pod's address gone before the stop, say): waiting
+/// for it forever would leave the database without a primary. Promoting after this wait loses the
+/// commits in that gap (logged), as any asynchronous failover may.
 pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Equal for publishing purposes: a streaming standby's positions advance all the time and are not
