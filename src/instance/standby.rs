@@ -210,10 +210,15 @@ fn parse_control_data(out: &str) -> Result<ControlData, StandbyError> {
     })
 }
 
+/// How far before the stop's start the last commit is looked for: a background-writer snapshot or
+/// autovacuum record after the last commit must not make the successor wait for it.
+const COMMIT_LOOKBACK_BYTES: u64 = 1024 * 1024;
+
 /// Where the WAL a successor must have ends, after a clean stop that began (CHECKPOINT, then a
 /// fast shutdown) when the server's insert position was `stop_began`: the end of the last commit
 /// record before the shutdown checkpoint (see [`end_of_commits`]). Reads the stopped server's WAL
-/// with pg_waldump.
+/// with pg_waldump, from up to [`COMMIT_LOOKBACK_BYTES`] before `stop_began` (within its segment:
+/// earlier ones may have been recycled by the CHECKPOINT).
 pub async fn end_of_committed_wal(
     config: &InstanceConfig,
     stop_began: Lsn,
@@ -222,11 +227,13 @@ pub async fn end_of_committed_wal(
     if stop_began >= control.checkpoint {
         return Ok(control.checkpoint);
     }
+    let segment_start = stop_began.0 - stop_began.0 % control.wal_segment_bytes;
+    let from = Lsn(stop_began.0.saturating_sub(COMMIT_LOOKBACK_BYTES).max(segment_start));
     let args = [
         "--path".to_string(),
         config.pgdata.join("pg_wal").display().to_string(),
         format!("--timeline={}", control.timeline),
-        format!("--start={stop_began}"),
+        format!("--start={from}"),
         // Records that start before the shutdown checkpoint.
         format!("--end={}", control.checkpoint),
     ];
@@ -242,8 +249,9 @@ fn commit_record(rmgr: &str, kind: &str) -> bool {
     rmgr == "Transaction" && matches!(kind, "COMMIT" | "COMMIT_PREPARED" | "PREPARE")
 }
 
-/// From pg_waldump's output for the records between `stop_began` and the shutdown checkpoint: the
-/// end of the last [`commit_record`], or `stop_began` (as an end position) when there is none.
+/// From pg_waldump's output for the records up to the shutdown checkpoint (from before
+/// `stop_began`): the end of the last [`commit_record`], or `stop_began` (as an end position) when
+/// there is none.
 /// What follows the last commit carries no acknowledged commit: the stop's own records (its
 /// CHECKPOINT's RUNNING_XACTS and CHECKPOINT_ONLINE, a segment SWITCH when archiving, the
 /// shutdown checkpoint) and the changes and ABORT of the transactions the shutdown ended. None when
@@ -452,6 +460,9 @@ rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/015167A8,
         // 176 bytes before the shutdown checkpoint: RUNNING_XACTS (56) and CHECKPOINT_ONLINE (120).
         assert_eq!(end_of_commits(DUMP, Lsn(0x0151_65D0), &CONTROL), Some(Lsn(0x0151_6770)));
         assert_eq!(CONTROL.checkpoint.bytes_ahead_of(Lsn(0x0151_6770)), 176);
+        // A record without a commit between the last commit and the stop's start (a background
+        // writer's RUNNING_XACTS, say) is not waited for either.
+        assert_eq!(end_of_commits(DUMP, Lsn(0x0151_67A8), &CONTROL), Some(Lsn(0x0151_6770)));
     }
 
     #[test]
