@@ -142,6 +142,27 @@ async fn run_tool(
     args: &[String],
     limit: Duration,
 ) -> Result<String, StandbyError> {
+    let output = run_tool_output(config, tool, args, limit).await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        return Ok(stdout + &String::from_utf8_lossy(&output.stderr));
+    }
+    Err(tool_failure(tool, &output))
+}
+
+fn tool_failure(tool: &'static str, output: &std::process::Output) -> StandbyError {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("").to_string();
+    StandbyError::Tool { tool, detail: format!("{}: {last}", output.status) }
+}
+
+/// Runs a PostgreSQL tool as the server's user and returns its output, whatever its exit status.
+async fn run_tool_output(
+    config: &InstanceConfig,
+    tool: &'static str,
+    args: &[String],
+    limit: Duration,
+) -> Result<std::process::Output, StandbyError> {
     let mut command = Command::new(config.pg_bin.join(tool));
     command
         .args(args)
@@ -154,17 +175,10 @@ async fn run_tool(
     if let Some((uid, gid)) = config.os_user {
         command.uid(uid).gid(gid);
     }
-    let output = tokio::time::timeout(limit, command.output())
+    tokio::time::timeout(limit, command.output())
         .await
         .map_err(|_| StandbyError::Tool { tool, detail: format!("no result within {limit:?}") })?
-        .map_err(|error| StandbyError::Tool { tool, detail: error.to_string() })?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    if output.status.success() {
-        return Ok(stdout + &String::from_utf8_lossy(&output.stderr));
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let last = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("").to_string();
-    Err(StandbyError::Tool { tool, detail: format!("{}: {last}", output.status) })
+        .map_err(|error| StandbyError::Tool { tool, detail: error.to_string() })
 }
 
 /// What pg_controldata says about a stopped data directory.
@@ -229,17 +243,17 @@ pub async fn end_of_committed_wal(
     }
     let segment_start = stop_began.0 - stop_began.0 % control.wal_segment_bytes;
     let from = Lsn(stop_began.0.saturating_sub(COMMIT_LOOKBACK_BYTES).max(segment_start));
+    // To the end of the WAL, which pg_waldump reports as an error (exit status 1): `--end` at the
+    // shutdown checkpoint fails after the SWITCH record a shutdown with archiving writes.
     let args = [
         "--path".to_string(),
         config.pgdata.join("pg_wal").display().to_string(),
         format!("--timeline={}", control.timeline),
         format!("--start={from}"),
-        // Records that start before the shutdown checkpoint.
-        format!("--end={}", control.checkpoint),
     ];
-    let out = run_tool(config, "pg_waldump", &args, Duration::from_secs(30)).await?;
-    end_of_commits(&out, stop_began, control)
-        .ok_or_else(|| StandbyError::Tool { tool: "pg_waldump", detail: "unreadable record line".into() })
+    let output = run_tool_output(config, "pg_waldump", &args, Duration::from_secs(30)).await?;
+    end_of_commits(&String::from_utf8_lossy(&output.stdout), stop_began, control)
+        .ok_or_else(|| tool_failure("pg_waldump", &output))
 }
 
 /// A record that makes a transaction's outcome durable for its client: a commit, or a PREPARE
@@ -249,13 +263,13 @@ fn commit_record(rmgr: &str, kind: &str) -> bool {
     rmgr == "Transaction" && matches!(kind, "COMMIT" | "COMMIT_PREPARED" | "PREPARE")
 }
 
-/// From pg_waldump's output for the records up to the shutdown checkpoint (from before
-/// `stop_began`): the end of the last [`commit_record`], or `stop_began` (as an end position) when
-/// there is none.
-/// What follows the last commit carries no acknowledged commit: the stop's own records (its
-/// CHECKPOINT's RUNNING_XACTS and CHECKPOINT_ONLINE, a segment SWITCH when archiving, the
-/// shutdown checkpoint) and the changes and ABORT of the transactions the shutdown ended. None when
-/// a record line cannot be read.
+/// From pg_waldump's output for the records from before `stop_began` to the end of the WAL: the
+/// end of the last [`commit_record`] before the shutdown checkpoint, or `stop_began` (as an end
+/// position) when there is none. What follows the last commit carries no acknowledged commit: the
+/// stop's own records (its CHECKPOINT's RUNNING_XACTS and CHECKPOINT_ONLINE, a segment SWITCH when
+/// archiving, the shutdown checkpoint) and the changes and ABORT of the transactions the shutdown
+/// ended. None unless the output reaches the shutdown checkpoint record (so nothing before it was
+/// left unread) and every record line before it can be read.
 fn end_of_commits(out: &str, stop_began: Lsn, control: &ControlData) -> Option<Lsn> {
     let mut end = None;
     for line in out.lines().filter(|line| line.starts_with("rmgr:")) {
@@ -264,11 +278,15 @@ fn end_of_commits(out: &str, stop_began: Lsn, control: &ControlData) -> Option<L
             line.split("len (rec/tot):").nth(1)?.split(',').next()?.split('/').nth(1)?.trim().parse().ok()?;
         let start: Lsn = line.split("lsn: ").nth(1)?.split(',').next()?.trim().parse().ok()?;
         let kind = line.split("desc: ").nth(1)?.split([' ', ';']).next()?;
+        if start >= control.checkpoint {
+            let reached = start == control.checkpoint;
+            return reached.then(|| end.unwrap_or_else(|| as_end_position(stop_began, control)));
+        }
         if commit_record(rmgr, kind) {
             end = Some(record_end(start, total, control));
         }
     }
-    Some(end.unwrap_or_else(|| as_end_position(stop_began, control)))
+    None
 }
 
 /// Page header sizes: long at the start of a segment, short on every other page.
@@ -441,7 +459,10 @@ first record is after 0/15165D0, at 0/15165D8, skipping over 8 bytes
 rmgr: Transaction len (rec/tot):    405/   405, tx:        724, lsn: 0/015165D8, prev 0/01516598, desc: COMMIT 2026-12-01 04:27:46.060607 UTC; inval msgs: catcache 80
 rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/01516770, prev 0/015165D8, desc: RUNNING_XACTS nextXid 725 latestCompletedXid 724 oldestRunningXid 725
 rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/015167A8, prev 0/01516770, desc: CHECKPOINT_ONLINE redo 0/1516770; tli 1; prev tli 1; fpw true
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/01516820, prev 0/015167A8, desc: CHECKPOINT_SHUTDOWN redo 0/1516820; tli 1; prev tli 1; fpw true
+pg_waldump: error: error in WAL record at 0/1516820: invalid record length at 0/1516898: wanted 24, got 0
 ";
+    const SHUTDOWN: &str = "rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/01516820, prev 0/015167A8, desc: CHECKPOINT_SHUTDOWN redo 0/1516820";
 
     #[test]
     fn pg_controldata_fields() {
@@ -467,17 +488,49 @@ rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/015167A8,
 
     #[test]
     fn without_a_commit_the_stop_began_position_is_the_end() {
-        let only_stop = DUMP.lines().filter(|line| !line.contains("COMMIT")).collect::<Vec<_>>().join("\n");
-        let aborted = "rmgr: Heap        len (rec/tot):     59/    59, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: INSERT off 3 flags 0x00\n\
-                       rmgr: Transaction len (rec/tot):     34/    34, tx:        725, lsn: 0/015167B0, prev 0/01516770, desc: ABORT 2026-12-01 04:27:46.060607 UTC";
-        assert_eq!(end_of_commits(aborted, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_6770)));
-        let prepared = "rmgr: Transaction len (rec/tot):     90/    90, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: PREPARE gid t1";
-        assert_eq!(end_of_commits(prepared, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_67D0)));
+        let only_stop = DUMP.lines().filter(|line| !line.contains("COMMIT ")).collect::<Vec<_>>().join("\n");
+        let aborted = format!(
+            "rmgr: Heap        len (rec/tot):     59/    59, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: INSERT off 3 flags 0x00\n\
+             rmgr: Transaction len (rec/tot):     34/    34, tx:        725, lsn: 0/015167B0, prev 0/01516770, desc: ABORT 2026-12-01 04:27:46.060607 UTC\n{SHUTDOWN}"
+        );
+        assert_eq!(end_of_commits(&aborted, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_6770)));
+        let prepared = format!(
+            "rmgr: Transaction len (rec/tot):     90/    90, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: PREPARE gid t1\n{SHUTDOWN}"
+        );
+        assert_eq!(end_of_commits(&prepared, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_67D0)));
         assert_eq!(end_of_commits(&only_stop, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_6770)));
         // An insert position right after a page header: the record before ended at the boundary.
-        assert_eq!(end_of_commits("", Lsn(0x0151_6018), &CONTROL), Some(Lsn(0x0151_6000)));
-        assert_eq!(end_of_commits("", Lsn(0x0200_0028), &CONTROL), Some(Lsn(0x0200_0000)));
-        assert_eq!(end_of_commits("rmgr: Heap len", Lsn(0), &CONTROL), None);
+        assert_eq!(end_of_commits(SHUTDOWN, Lsn(0x0151_6018), &CONTROL), Some(Lsn(0x0151_6000)));
+        let control = ControlData { checkpoint: Lsn(0x0300_0028), ..CONTROL };
+        let shutdown = SHUTDOWN.replace("0/01516820", "0/03000028");
+        assert_eq!(end_of_commits(&shutdown, Lsn(0x0200_0028), &control), Some(Lsn(0x0200_0000)));
+    }
+
+    #[test]
+    fn an_answer_needs_every_record_up_to_the_shutdown_checkpoint() {
+        // Cut short (a missing segment, say): no answer, the caller falls back to the checkpoint.
+        let cut = DUMP.lines().take(3).collect::<Vec<_>>().join("\n");
+        assert_eq!(end_of_commits(&cut, Lsn(0x0151_65D0), &CONTROL), None);
+        assert_eq!(end_of_commits("", Lsn(0x0151_65D0), &CONTROL), None);
+        // Past the checkpoint without a record at it: not the WAL the checkpoint belongs to.
+        let past = SHUTDOWN.replace("0/01516820", "0/01516828");
+        assert_eq!(end_of_commits(&past, Lsn(0x0151_65D0), &CONTROL), None);
+        assert_eq!(end_of_commits(&format!("rmgr: Heap len\n{SHUTDOWN}"), Lsn(0), &CONTROL), None);
+    }
+
+    #[test]
+    fn a_switch_before_the_shutdown_checkpoint_is_read_through() {
+        // archive_mode=on: the shutdown switches segments first (pg_waldump of PostgreSQL 15.18).
+        let out = "\
+rmgr: Transaction len (rec/tot):     34/    34, tx:        726, lsn: 0/02000160, prev 0/02000128, desc: COMMIT 2026-12-01 04:41:00.000000 UTC
+rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/02000188, prev 0/02000160, desc: RUNNING_XACTS nextXid 727
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/020001C0, prev 0/02000188, desc: CHECKPOINT_ONLINE redo 0/2000188; tli 1
+rmgr: XLOG        len (rec/tot):     24/    24, tx:          0, lsn: 0/02000238, prev 0/020001C0, desc: SWITCH 
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/03000028, prev 0/02000238, desc: CHECKPOINT_SHUTDOWN redo 0/3000028; tli 1
+pg_waldump: error: error in WAL record at 0/3000028: invalid record length at 0/30000A0: wanted 24, got 0
+";
+        let control = ControlData { checkpoint: Lsn(0x0300_0028), ..CONTROL };
+        assert_eq!(end_of_commits(out, Lsn(0x0200_0188), &control), Some(Lsn(0x0200_0188)));
     }
 
     #[test]
