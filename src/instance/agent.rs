@@ -359,17 +359,18 @@ impl<C: ControlPlane> Agent<C> {
         Ok(())
     }
 
-    /// A primary that must step down: clean stop, then release the Lease with the shutdown
-    /// checkpoint so that the successor waits for it.
+    /// A primary that must step down: clean stop, then release the Lease with the end of its last
+    /// commit so that the successor waits for it.
     async fn stop_and_release(&mut self) -> Result<(), AgentError> {
         if !self.postgres.is_running() {
             return Ok(());
         }
         let was_primary = self.role == Some(Role::Primary);
-        let mut stop_began = None;
+        let mut shutdown_began = None;
         if was_primary {
-            stop_began = self.postgres.insert_lsn().await.ok();
             self.postgres.checkpoint().await;
+            // After the CHECKPOINT: pg_waldump then reads only the WAL of the last moments.
+            shutdown_began = self.postgres.insert_lsn().await.ok();
         }
         let clean = self.postgres.stop(self.config.stop_grace).await;
         if !was_primary {
@@ -377,8 +378,8 @@ impl<C: ControlPlane> Agent<C> {
         }
         let control = if clean { Some(standby::shutdown_checkpoint(&self.config).await?) } else { None };
         let checkpoint = control.map(|control| control.checkpoint);
-        let released = match (control, stop_began) {
-            (Some(control), Some(stop_began)) => Some(self.end_of_committed_wal(stop_began, &control).await),
+        let released = match (control, shutdown_began) {
+            (Some(control), Some(began)) => Some(self.end_of_committed_wal(began, &control).await),
             _ => checkpoint,
         };
         tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, released = ?released, "primary stopped");
@@ -392,8 +393,8 @@ impl<C: ControlPlane> Agent<C> {
     /// 176 bytes short of the shutdown checkpoint, exactly the CHECKPOINT the stop begins with); it
     /// then has every commit and need not wait. Without pg_waldump's answer, the shutdown checkpoint
     /// (stricter).
-    async fn end_of_committed_wal(&self, stop_began: Lsn, control: &standby::ControlData) -> Lsn {
-        match standby::end_of_committed_wal(&self.config, stop_began, control).await {
+    async fn end_of_committed_wal(&self, shutdown_began: Lsn, control: &standby::ControlData) -> Lsn {
+        match standby::end_of_committed_wal(&self.config, shutdown_began, control).await {
             Ok(end) => end,
             Err(error) => {
                 tracing::warn!(instance = %self.config.name, %error, "could not read the last WAL records: releasing at the shutdown checkpoint");

@@ -224,25 +224,23 @@ fn parse_control_data(out: &str) -> Result<ControlData, StandbyError> {
     })
 }
 
-/// How far before the stop's start the last commit is looked for: a background-writer snapshot or
-/// autovacuum record after the last commit must not make the successor wait for it.
+/// How far before the shutdown's start the last commit is looked for: the stop's CHECKPOINT, a
+/// background-writer snapshot or an autovacuum record after the last commit must not make the
+/// successor wait for them.
 const COMMIT_LOOKBACK_BYTES: u64 = 1024 * 1024;
 
-/// Where the WAL a successor must have ends, after a clean stop that began (CHECKPOINT, then a
-/// fast shutdown) when the server's insert position was `stop_began`: the end of the last commit
-/// record before the shutdown checkpoint (see [`end_of_commits`]). Reads the stopped server's WAL
-/// with pg_waldump, from up to [`COMMIT_LOOKBACK_BYTES`] before `stop_began` (within its segment:
-/// earlier ones may have been recycled by the CHECKPOINT).
+/// Where the WAL a successor must have ends, after a clean stop whose fast shutdown began when the
+/// server's insert position was `shutdown_began`: the end of the last commit record before the
+/// shutdown checkpoint (see [`end_of_commits`]). Reads the stopped server's WAL with pg_waldump,
+/// from up to [`COMMIT_LOOKBACK_BYTES`] before `shutdown_began` (within its segment: earlier ones
+/// may have been recycled), so the output stays small.
 pub async fn end_of_committed_wal(
     config: &InstanceConfig,
-    stop_began: Lsn,
+    shutdown_began: Lsn,
     control: &ControlData,
 ) -> Result<Lsn, StandbyError> {
-    if stop_began >= control.checkpoint {
-        return Ok(control.checkpoint);
-    }
-    let segment_start = stop_began.0 - stop_began.0 % control.wal_segment_bytes;
-    let from = Lsn(stop_began.0.saturating_sub(COMMIT_LOOKBACK_BYTES).max(segment_start));
+    let segment_start = shutdown_began.0 - shutdown_began.0 % control.wal_segment_bytes;
+    let from = Lsn(shutdown_began.0.saturating_sub(COMMIT_LOOKBACK_BYTES).max(segment_start));
     // To the end of the WAL, which pg_waldump reports as an error (exit status 1): `--end` at the
     // shutdown checkpoint fails after the SWITCH record a shutdown with archiving writes.
     let args = [
@@ -252,7 +250,7 @@ pub async fn end_of_committed_wal(
         format!("--start={from}"),
     ];
     let output = run_tool_output(config, "pg_waldump", &args, Duration::from_secs(30)).await?;
-    end_of_commits(&String::from_utf8_lossy(&output.stdout), stop_began, control)
+    end_of_commits(&String::from_utf8_lossy(&output.stdout), shutdown_began, control)
         .ok_or_else(|| tool_failure("pg_waldump", &output))
 }
 
@@ -263,14 +261,14 @@ fn commit_record(rmgr: &str, kind: &str) -> bool {
     rmgr == "Transaction" && matches!(kind, "COMMIT" | "COMMIT_PREPARED" | "PREPARE")
 }
 
-/// From pg_waldump's output for the records from before `stop_began` to the end of the WAL: the
-/// end of the last [`commit_record`] before the shutdown checkpoint, or `stop_began` (as an end
+/// From pg_waldump's output for the records from before `shutdown_began` to the end of the WAL: the
+/// end of the last [`commit_record`] before the shutdown checkpoint, or `shutdown_began` (as an end
 /// position) when there is none. What follows the last commit carries no acknowledged commit: the
 /// stop's own records (its CHECKPOINT's RUNNING_XACTS and CHECKPOINT_ONLINE, a segment SWITCH when
 /// archiving, the shutdown checkpoint) and the changes and ABORT of the transactions the shutdown
 /// ended. None unless the output reaches the shutdown checkpoint record (so nothing before it was
 /// left unread) and every record line before it can be read.
-fn end_of_commits(out: &str, stop_began: Lsn, control: &ControlData) -> Option<Lsn> {
+fn end_of_commits(out: &str, shutdown_began: Lsn, control: &ControlData) -> Option<Lsn> {
     let mut end = None;
     for line in out.lines().filter(|line| line.starts_with("rmgr:")) {
         let rmgr = line.strip_prefix("rmgr:")?.split_whitespace().next()?;
@@ -280,7 +278,7 @@ fn end_of_commits(out: &str, stop_began: Lsn, control: &ControlData) -> Option<L
         let kind = line.split("desc: ").nth(1)?.split([' ', ';']).next()?;
         if start >= control.checkpoint {
             let reached = start == control.checkpoint;
-            return reached.then(|| end.unwrap_or_else(|| as_end_position(stop_began, control)));
+            return reached.then(|| end.unwrap_or_else(|| as_end_position(shutdown_began, control)));
         }
         if commit_record(rmgr, kind) {
             end = Some(record_end(start, total, control));
@@ -481,13 +479,16 @@ pg_waldump: error: error in WAL record at 0/1516820: invalid record length at 0/
         // 176 bytes before the shutdown checkpoint: RUNNING_XACTS (56) and CHECKPOINT_ONLINE (120).
         assert_eq!(end_of_commits(DUMP, Lsn(0x0151_65D0), &CONTROL), Some(Lsn(0x0151_6770)));
         assert_eq!(CONTROL.checkpoint.bytes_ahead_of(Lsn(0x0151_6770)), 176);
-        // A record without a commit between the last commit and the stop's start (a background
+        // A record without a commit between the last commit and the shutdown's start (a background
         // writer's RUNNING_XACTS, say) is not waited for either.
         assert_eq!(end_of_commits(DUMP, Lsn(0x0151_67A8), &CONTROL), Some(Lsn(0x0151_6770)));
+        // Read right before the fast shutdown, after the stop's CHECKPOINT: where the shutdown
+        // checkpoint then went.
+        assert_eq!(end_of_commits(DUMP, CONTROL.checkpoint, &CONTROL), Some(Lsn(0x0151_6770)));
     }
 
     #[test]
-    fn without_a_commit_the_stop_began_position_is_the_end() {
+    fn without_a_commit_the_position_before_the_shutdown_is_the_end() {
         let only_stop = DUMP.lines().filter(|line| !line.contains("COMMIT ")).collect::<Vec<_>>().join("\n");
         let aborted = format!(
             "rmgr: Heap        len (rec/tot):     59/    59, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: INSERT off 3 flags 0x00\n\
