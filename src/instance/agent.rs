@@ -64,11 +64,11 @@ pub struct Agent<C> {
     synchronous_applied: Option<String>,
 }
 
-/// Longest wait of a promotion for the WAL up to the old primary's shutdown checkpoint while the
-/// standby no longer streams. Seen on the real node: a primary whose pod was deleted stopped
-/// cleanly, but its walsender ended 176 bytes before the shutdown checkpoint, so that position
-/// never arrives; waiting for it forever would leave the database without a primary. Promoting
-/// after this wait may lose the commits in that gap (logged), as any asynchronous failover may.
+/// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
+/// last commit) while the standby no longer streams. The position never arrives when the stream
+/// ended while that primary still committed (its pod's address gone before the stop, say): waiting
+/// for it forever would leave the database without a primary. Promoting after this wait loses the
+/// commits in that gap (logged), as any asynchronous failover may.
 pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Equal for publishing purposes: a streaming standby's positions advance all the time and are not
@@ -359,24 +359,48 @@ impl<C: ControlPlane> Agent<C> {
         Ok(())
     }
 
-    /// A primary that must step down: clean stop, then release the Lease with the shutdown
-    /// checkpoint so that the successor waits for it.
+    /// A primary that must step down: clean stop, then release the Lease with the end of its last
+    /// commit so that the successor waits for it.
     async fn stop_and_release(&mut self) -> Result<(), AgentError> {
         if !self.postgres.is_running() {
             return Ok(());
         }
         let was_primary = self.role == Some(Role::Primary);
+        let mut shutdown_began = None;
         if was_primary {
             self.postgres.checkpoint().await;
+            // After the CHECKPOINT: pg_waldump then reads only the WAL of the last moments.
+            shutdown_began = self.postgres.insert_lsn().await.ok();
         }
         let clean = self.postgres.stop(self.config.stop_grace).await;
         if !was_primary {
             return Ok(());
         }
-        let checkpoint = if clean { standby::shutdown_checkpoint(&self.config).await?.0.into() } else { None };
-        tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, "primary stopped");
+        let control = if clean { Some(standby::shutdown_checkpoint(&self.config).await?) } else { None };
+        let checkpoint = control.map(|control| control.checkpoint);
+        let released = match (control, shutdown_began) {
+            (Some(control), Some(began)) => Some(self.end_of_committed_wal(began, &control).await),
+            _ => checkpoint,
+        };
+        tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, released = ?released, "primary stopped");
         self.shutdown_checkpoint = checkpoint;
-        self.release_lease(checkpoint).await
+        self.release_lease(released).await
+    }
+
+    /// The position a successor must have received to hold every commit of this stopped primary:
+    /// the end of its last commit record (see [`standby::end_of_committed_wal`]), not the shutdown
+    /// checkpoint. A standby may have lost the stream just before the stop (seen on the real node:
+    /// 176 bytes short of the shutdown checkpoint, exactly the CHECKPOINT the stop begins with); it
+    /// then has every commit and need not wait. Without pg_waldump's answer, the shutdown checkpoint
+    /// (stricter).
+    async fn end_of_committed_wal(&self, shutdown_began: Lsn, control: &standby::ControlData) -> Lsn {
+        match standby::end_of_committed_wal(&self.config, shutdown_began, control).await {
+            Ok(end) => end,
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not read the last WAL records: releasing at the shutdown checkpoint");
+                control.checkpoint
+            }
+        }
     }
 
     async fn release_lease(&mut self, checkpoint: Option<Lsn>) -> Result<(), AgentError> {

@@ -15,7 +15,7 @@ pub mod recovery;
 pub mod run;
 pub mod standby;
 
-pub use agent::{Agent, AgentError};
+pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT};
 
 use crate::cli::{InstanceArgs, InstanceCommand};
 

@@ -314,6 +314,14 @@ impl Postgres {
         self.bounded(async |client| client.batch_execute(statements).await).await
     }
 
+    /// Where the next WAL record goes (`pg_current_wal_insert_lsn()`), bounded by the health timeout.
+    pub async fn insert_lsn(&mut self) -> Result<Lsn, PostgresError> {
+        let text: Option<String> = self
+            .bounded(async |client| client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.try_get(0))
+            .await?;
+        lsn(text)?.ok_or_else(|| PostgresError::Answer("no WAL insert position".into()))
+    }
+
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
     /// failures are ignored, the stop that follows matters.
     pub async fn checkpoint(&mut self) {

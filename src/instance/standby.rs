@@ -142,6 +142,27 @@ async fn run_tool(
     args: &[String],
     limit: Duration,
 ) -> Result<String, StandbyError> {
+    let output = run_tool_output(config, tool, args, limit).await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() {
+        return Ok(stdout + &String::from_utf8_lossy(&output.stderr));
+    }
+    Err(tool_failure(tool, &output))
+}
+
+fn tool_failure(tool: &'static str, output: &std::process::Output) -> StandbyError {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("").to_string();
+    StandbyError::Tool { tool, detail: format!("{}: {last}", output.status) }
+}
+
+/// Runs a PostgreSQL tool as the server's user and returns its output, whatever its exit status.
+async fn run_tool_output(
+    config: &InstanceConfig,
+    tool: &'static str,
+    args: &[String],
+    limit: Duration,
+) -> Result<std::process::Output, StandbyError> {
     let mut command = Command::new(config.pg_bin.join(tool));
     command
         .args(args)
@@ -154,31 +175,159 @@ async fn run_tool(
     if let Some((uid, gid)) = config.os_user {
         command.uid(uid).gid(gid);
     }
-    let output = tokio::time::timeout(limit, command.output())
+    tokio::time::timeout(limit, command.output())
         .await
         .map_err(|_| StandbyError::Tool { tool, detail: format!("no result within {limit:?}") })?
-        .map_err(|error| StandbyError::Tool { tool, detail: error.to_string() })?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    if output.status.success() {
-        return Ok(stdout + &String::from_utf8_lossy(&output.stderr));
-    }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let last = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("").to_string();
-    Err(StandbyError::Tool { tool, detail: format!("{}: {last}", output.status) })
+        .map_err(|error| StandbyError::Tool { tool, detail: error.to_string() })
+}
+
+/// What pg_controldata says about a stopped data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlData {
+    /// "Latest checkpoint location": the start of the checkpoint record (after a clean stop,
+    /// the shutdown checkpoint, the last record in the WAL).
+    pub checkpoint: Lsn,
+    /// The server was shut down cleanly.
+    pub clean: bool,
+    /// Timeline of that checkpoint.
+    pub timeline: u32,
+    /// WAL page size (XLOG_BLCKSZ).
+    pub wal_block_bytes: u64,
+    /// WAL segment size.
+    pub wal_segment_bytes: u64,
 }
 
 /// The latest checkpoint of a stopped data directory and whether it was shut down cleanly.
-pub async fn shutdown_checkpoint(config: &InstanceConfig) -> Result<(Lsn, bool), StandbyError> {
+pub async fn shutdown_checkpoint(config: &InstanceConfig) -> Result<ControlData, StandbyError> {
     let args = ["-D".to_string(), config.pgdata.display().to_string()];
     let out = run_tool(config, "pg_controldata", &args, Duration::from_secs(30)).await?;
+    parse_control_data(&out)
+}
+
+fn parse_control_data(out: &str) -> Result<ControlData, StandbyError> {
     let field = |name: &str| {
         out.lines().find_map(|line| line.strip_prefix(name).map(|rest| rest.trim_start_matches(':').trim().to_string()))
     };
     let detail = |what: &str| StandbyError::Tool { tool: "pg_controldata", detail: format!("no {what} in its output") };
+    let number =
+        |name: &str, what: &str| field(name).and_then(|value| value.parse::<u64>().ok()).ok_or_else(|| detail(what));
     let location = field("Latest checkpoint location").ok_or_else(|| detail("checkpoint location"))?;
-    let lsn = location.parse().map_err(|_| detail("valid checkpoint location"))?;
+    let checkpoint = location.parse().map_err(|_| detail("valid checkpoint location"))?;
     let state = field("Database cluster state").ok_or_else(|| detail("cluster state"))?;
-    Ok((lsn, state == "shut down"))
+    let timeline = number("Latest checkpoint's TimeLineID", "timeline")?;
+    Ok(ControlData {
+        checkpoint,
+        clean: state == "shut down",
+        timeline: u32::try_from(timeline).map_err(|_| detail("valid timeline"))?,
+        wal_block_bytes: number("WAL block size", "WAL block size")?,
+        wal_segment_bytes: number("Bytes per WAL segment", "WAL segment size")?,
+    })
+}
+
+/// How far before the shutdown's start the last commit is looked for: the stop's CHECKPOINT, a
+/// background-writer snapshot or an autovacuum record after the last commit must not make the
+/// successor wait for them.
+const COMMIT_LOOKBACK_BYTES: u64 = 1024 * 1024;
+
+/// Where the WAL a successor must have ends, after a clean stop whose fast shutdown began when the
+/// server's insert position was `shutdown_began`: the end of the last commit record before the
+/// shutdown checkpoint (see [`end_of_commits`]). Reads the stopped server's WAL with pg_waldump,
+/// from up to [`COMMIT_LOOKBACK_BYTES`] before `shutdown_began` (within its segment: earlier ones
+/// may have been recycled), so the output stays small.
+pub async fn end_of_committed_wal(
+    config: &InstanceConfig,
+    shutdown_began: Lsn,
+    control: &ControlData,
+) -> Result<Lsn, StandbyError> {
+    let segment_start = shutdown_began.0 - shutdown_began.0 % control.wal_segment_bytes;
+    let from = Lsn(shutdown_began.0.saturating_sub(COMMIT_LOOKBACK_BYTES).max(segment_start));
+    // To the end of the WAL, which pg_waldump reports as an error (exit status 1): `--end` at the
+    // shutdown checkpoint fails after the SWITCH record a shutdown with archiving writes.
+    let args = [
+        "--path".to_string(),
+        config.pgdata.join("pg_wal").display().to_string(),
+        format!("--timeline={}", control.timeline),
+        format!("--start={from}"),
+    ];
+    let output = run_tool_output(config, "pg_waldump", &args, Duration::from_secs(30)).await?;
+    end_of_commits(&String::from_utf8_lossy(&output.stdout), shutdown_began, control)
+        .ok_or_else(|| tool_failure("pg_waldump", &output))
+}
+
+/// A record that makes a transaction's outcome durable for its client: a commit, or a PREPARE
+/// TRANSACTION (acknowledged before its COMMIT PREPARED). Every acknowledged commit's changes are
+/// in records before its commit record.
+fn commit_record(rmgr: &str, kind: &str) -> bool {
+    rmgr == "Transaction" && matches!(kind, "COMMIT" | "COMMIT_PREPARED" | "PREPARE")
+}
+
+/// From pg_waldump's output for the records from before `shutdown_began` to the end of the WAL: the
+/// end of the last [`commit_record`] before the shutdown checkpoint, or `shutdown_began` (as an end
+/// position) when there is none. What follows the last commit carries no acknowledged commit: the
+/// stop's own records (its CHECKPOINT's RUNNING_XACTS and CHECKPOINT_ONLINE, a segment SWITCH when
+/// archiving, the shutdown checkpoint) and the changes and ABORT of the transactions the shutdown
+/// ended. None unless the output reaches the shutdown checkpoint record (so nothing before it was
+/// left unread) and every record line before it can be read.
+fn end_of_commits(out: &str, shutdown_began: Lsn, control: &ControlData) -> Option<Lsn> {
+    let mut end = None;
+    for line in out.lines().filter(|line| line.starts_with("rmgr:")) {
+        let rmgr = line.strip_prefix("rmgr:")?.split_whitespace().next()?;
+        let total: u64 =
+            line.split("len (rec/tot):").nth(1)?.split(',').next()?.split('/').nth(1)?.trim().parse().ok()?;
+        let start: Lsn = line.split("lsn: ").nth(1)?.split(',').next()?.trim().parse().ok()?;
+        let kind = line.split("desc: ").nth(1)?.split([' ', ';']).next()?;
+        if start >= control.checkpoint {
+            let reached = start == control.checkpoint;
+            return reached.then(|| end.unwrap_or_else(|| as_end_position(shutdown_began, control)));
+        }
+        if commit_record(rmgr, kind) {
+            end = Some(record_end(start, total, control));
+        }
+    }
+    None
+}
+
+/// Page header sizes: long at the start of a segment, short on every other page.
+const LONG_PAGE_HEADER: u64 = 40;
+const SHORT_PAGE_HEADER: u64 = 24;
+
+fn page_header(position: u64, control: &ControlData) -> u64 {
+    if position.is_multiple_of(control.wal_segment_bytes) {
+        LONG_PAGE_HEADER
+    } else {
+        SHORT_PAGE_HEADER
+    }
+}
+
+/// End of a record of `total` bytes starting at `start`: records take MAXALIGN'd space and skip
+/// the header of every page they cross; an end that falls on a page boundary stays there (it is
+/// what a standby that received the record reports).
+fn record_end(start: Lsn, total: u64, control: &ControlData) -> Lsn {
+    let block = control.wal_block_bytes;
+    let mut position = start.0;
+    let mut remaining = total.next_multiple_of(8);
+    while remaining > 0 {
+        if position.is_multiple_of(block) {
+            position += page_header(position, control);
+        }
+        let room = block - position % block;
+        let taken = remaining.min(room);
+        position += taken;
+        remaining -= taken;
+    }
+    Lsn(position)
+}
+
+/// An insert position right after a page header is, as the end of the record before it, the page
+/// boundary.
+fn as_end_position(insert: Lsn, control: &ControlData) -> Lsn {
+    let offset = insert.0 % control.wal_block_bytes;
+    let boundary = insert.0 - offset;
+    if offset != 0 && offset == page_header(boundary, control) {
+        Lsn(boundary)
+    } else {
+        insert
+    }
 }
 
 /// Rewinds a stopped former primary onto `upstream`'s timeline. Returns pg_rewind's output.
@@ -287,5 +436,112 @@ mod tests {
 
         write_standby_config(&config, None).unwrap();
         assert!(std::fs::read_to_string(&auto).unwrap().contains("primary_conninfo = ''"));
+    }
+}
+
+#[cfg(test)]
+mod wal_tests {
+    use super::*;
+
+    const CONTROL: ControlData = ControlData {
+        checkpoint: Lsn(0x0151_6820),
+        clean: true,
+        timeline: 1,
+        wal_block_bytes: 8192,
+        wal_segment_bytes: 16 * 1024 * 1024,
+    };
+
+    /// pg_waldump (PostgreSQL 15) between a commit and a clean stop's shutdown checkpoint.
+    const DUMP: &str = "\
+first record is after 0/15165D0, at 0/15165D8, skipping over 8 bytes
+rmgr: Transaction len (rec/tot):    405/   405, tx:        724, lsn: 0/015165D8, prev 0/01516598, desc: COMMIT 2026-12-01 04:27:46.060607 UTC; inval msgs: catcache 80
+rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/01516770, prev 0/015165D8, desc: RUNNING_XACTS nextXid 725 latestCompletedXid 724 oldestRunningXid 725
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/015167A8, prev 0/01516770, desc: CHECKPOINT_ONLINE redo 0/1516770; tli 1; prev tli 1; fpw true
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/01516820, prev 0/015167A8, desc: CHECKPOINT_SHUTDOWN redo 0/1516820; tli 1; prev tli 1; fpw true
+pg_waldump: error: error in WAL record at 0/1516820: invalid record length at 0/1516898: wanted 24, got 0
+";
+    const SHUTDOWN: &str = "rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/01516820, prev 0/015167A8, desc: CHECKPOINT_SHUTDOWN redo 0/1516820";
+
+    #[test]
+    fn pg_controldata_fields() {
+        let out = "Database cluster state:               shut down\n\
+                   Latest checkpoint location:           0/1516820\n\
+                   Latest checkpoint's TimeLineID:       3\n\
+                   WAL block size:                       8192\n\
+                   Bytes per WAL segment:                16777216\n";
+        let control = parse_control_data(out).unwrap();
+        assert_eq!(control, ControlData { timeline: 3, ..CONTROL });
+        assert!(parse_control_data("Database cluster state: shut down\n").is_err());
+    }
+
+    #[test]
+    fn the_last_commit_ends_what_a_successor_needs() {
+        // 176 bytes before the shutdown checkpoint: RUNNING_XACTS (56) and CHECKPOINT_ONLINE (120).
+        assert_eq!(end_of_commits(DUMP, Lsn(0x0151_65D0), &CONTROL), Some(Lsn(0x0151_6770)));
+        assert_eq!(CONTROL.checkpoint.bytes_ahead_of(Lsn(0x0151_6770)), 176);
+        // A record without a commit between the last commit and the shutdown's start (a background
+        // writer's RUNNING_XACTS, say) is not waited for either.
+        assert_eq!(end_of_commits(DUMP, Lsn(0x0151_67A8), &CONTROL), Some(Lsn(0x0151_6770)));
+        // Read right before the fast shutdown, after the stop's CHECKPOINT: where the shutdown
+        // checkpoint then went.
+        assert_eq!(end_of_commits(DUMP, CONTROL.checkpoint, &CONTROL), Some(Lsn(0x0151_6770)));
+    }
+
+    #[test]
+    fn without_a_commit_the_position_before_the_shutdown_is_the_end() {
+        let only_stop = DUMP.lines().filter(|line| !line.contains("COMMIT ")).collect::<Vec<_>>().join("\n");
+        let aborted = format!(
+            "rmgr: Heap        len (rec/tot):     59/    59, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: INSERT off 3 flags 0x00\n\
+             rmgr: Transaction len (rec/tot):     34/    34, tx:        725, lsn: 0/015167B0, prev 0/01516770, desc: ABORT 2026-12-01 04:27:46.060607 UTC\n{SHUTDOWN}"
+        );
+        assert_eq!(end_of_commits(&aborted, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_6770)));
+        let prepared = format!(
+            "rmgr: Transaction len (rec/tot):     90/    90, tx:        725, lsn: 0/01516770, prev 0/015165D8, desc: PREPARE gid t1\n{SHUTDOWN}"
+        );
+        assert_eq!(end_of_commits(&prepared, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_67D0)));
+        assert_eq!(end_of_commits(&only_stop, Lsn(0x0151_6770), &CONTROL), Some(Lsn(0x0151_6770)));
+        // An insert position right after a page header: the record before ended at the boundary.
+        assert_eq!(end_of_commits(SHUTDOWN, Lsn(0x0151_6018), &CONTROL), Some(Lsn(0x0151_6000)));
+        let control = ControlData { checkpoint: Lsn(0x0300_0028), ..CONTROL };
+        let shutdown = SHUTDOWN.replace("0/01516820", "0/03000028");
+        assert_eq!(end_of_commits(&shutdown, Lsn(0x0200_0028), &control), Some(Lsn(0x0200_0000)));
+    }
+
+    #[test]
+    fn an_answer_needs_every_record_up_to_the_shutdown_checkpoint() {
+        // Cut short (a missing segment, say): no answer, the caller falls back to the checkpoint.
+        let cut = DUMP.lines().take(3).collect::<Vec<_>>().join("\n");
+        assert_eq!(end_of_commits(&cut, Lsn(0x0151_65D0), &CONTROL), None);
+        assert_eq!(end_of_commits("", Lsn(0x0151_65D0), &CONTROL), None);
+        // Past the checkpoint without a record at it: not the WAL the checkpoint belongs to.
+        let past = SHUTDOWN.replace("0/01516820", "0/01516828");
+        assert_eq!(end_of_commits(&past, Lsn(0x0151_65D0), &CONTROL), None);
+        assert_eq!(end_of_commits(&format!("rmgr: Heap len\n{SHUTDOWN}"), Lsn(0), &CONTROL), None);
+    }
+
+    #[test]
+    fn a_switch_before_the_shutdown_checkpoint_is_read_through() {
+        // archive_mode=on: the shutdown switches segments first (pg_waldump of PostgreSQL 15.18).
+        let out = "\
+rmgr: Transaction len (rec/tot):     34/    34, tx:        726, lsn: 0/02000160, prev 0/02000128, desc: COMMIT 2026-12-01 04:41:00.000000 UTC
+rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/02000188, prev 0/02000160, desc: RUNNING_XACTS nextXid 727
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/020001C0, prev 0/02000188, desc: CHECKPOINT_ONLINE redo 0/2000188; tli 1
+rmgr: XLOG        len (rec/tot):     24/    24, tx:          0, lsn: 0/02000238, prev 0/020001C0, desc: SWITCH 
+rmgr: XLOG        len (rec/tot):    114/   114, tx:          0, lsn: 0/03000028, prev 0/02000238, desc: CHECKPOINT_SHUTDOWN redo 0/3000028; tli 1
+pg_waldump: error: error in WAL record at 0/3000028: invalid record length at 0/30000A0: wanted 24, got 0
+";
+        let control = ControlData { checkpoint: Lsn(0x0300_0028), ..CONTROL };
+        assert_eq!(end_of_commits(out, Lsn(0x0200_0188), &control), Some(Lsn(0x0200_0188)));
+    }
+
+    #[test]
+    fn record_ends_are_aligned_and_skip_page_headers() {
+        assert_eq!(record_end(Lsn(0x0151_6770), 50, &CONTROL), Lsn(0x0151_67A8));
+        // 120 bytes from 8 bytes before a page boundary: 8, the short header, 112.
+        assert_eq!(record_end(Lsn(0x1FF8), 114, &CONTROL), Lsn(0x2000 + 24 + 112));
+        // Into a new segment: the long header.
+        assert_eq!(record_end(Lsn(0x00FF_FFF8), 114, &CONTROL), Lsn(0x0100_0000 + 40 + 112));
+        // Ending exactly on a boundary stays there.
+        assert_eq!(record_end(Lsn(0x1F88), 120, &CONTROL), Lsn(0x2000));
     }
 }

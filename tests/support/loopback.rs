@@ -124,6 +124,8 @@ pub struct World {
     /// Every distinct operator action, with when it was decided.
     pub actions: Vec<(Instant, Action)>,
     pub lease_writes: u64,
+    /// Every Lease record written, in order.
+    pub lease_history: Vec<LeaseRecord>,
     /// Reports published by the agents (each one a pod write in Kubernetes).
     pub publishes: u64,
 }
@@ -186,6 +188,7 @@ impl ControlPlane for MemoryControlPlane {
         world.lease = record.clone();
         world.lease_version += 1;
         world.lease_writes += 1;
+        world.lease_history.push(record.clone());
         Ok(Some(world.lease_version.to_string()))
     }
 }
