@@ -268,6 +268,25 @@ fn an_upgrade_unhealthy_past_the_deadline_rolls_back_to_the_last_stable_version(
 }
 
 #[test]
+fn a_primary_above_an_unschedulable_standby_is_never_scaled_away() {
+    // After a failover db-2 is the primary and db-1 cannot be scheduled: scaling to 1 would remove
+    // db-2 (a StatefulSet scales down from the highest ordinal).
+    let mut status = running_status("16.4");
+    status.failover.current_primary = Some("db-2".into());
+    status.failover.target_primary = Some("db-2".into());
+    let database = database(3, Some(status));
+    let pods = vec![
+        pod(0, "postgres:16.4", PodState::Ready),
+        pod(1, "postgres:16.4", PodState::UnschedulableFor(120)),
+        pod(2, "postgres:16.4", PodState::Ready),
+    ];
+    let decision = run(&database, &steady(&database, pods));
+    assert_eq!(decision.workload.as_ref().unwrap().inputs.replicas, 3);
+    assert_eq!(decision.status.degraded_replicas, None);
+    assert!(!decision.journal.reasons().contains(&"Degraded"), "{:?}", decision.journal.reasons());
+}
+
+#[test]
 fn unschedulable_standbys_degrade_and_are_restored_after_the_probe_interval() {
     let database_running = database(3, Some(running_status("16.4")));
     let pods = vec![

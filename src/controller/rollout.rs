@@ -149,9 +149,17 @@ pub fn decide_rollout(
     }
 
     // Degrade: standbys that cannot be scheduled are scaled away so the primary stays healthy.
+    // After a failover the primary may have a higher ordinal than an unschedulable standby; a
+    // StatefulSet scales down from the highest ordinal, so degrading then would remove the primary.
+    let primary_ordinal = status
+        .failover
+        .current_primary
+        .as_deref()
+        .and_then(|primary| pods.iter().find(|pod| pod.name == primary))
+        .map_or(0, |pod| pod.ordinal);
     if desired_replicas > 1 {
         if let Some(prefix) = health::schedulable_prefix(pods, replicas, now, threshold) {
-            if prefix >= 1 && prefix < replicas {
+            if prefix >= 1 && prefix < replicas && primary_ordinal < prefix {
                 let message = format!("standbys from {}-{prefix} cannot be scheduled for lack of resources; running {prefix} of {desired_replicas} instances", database.name_any());
                 conditions::set(
                     &mut status.conditions,
