@@ -130,6 +130,18 @@ pub(crate) fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     }
 }
 
+/// The container security context of every container the operator creates (database pods and
+/// backup Jobs): no privilege escalation, read-only root, non-root, no capabilities.
+pub(crate) fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
 /// An environment variable with a plain value. An empty value is left out, as the API server
 /// stores it: a desired `value: ""` would never be found in the live object, and the StatefulSet
 /// would be re-applied as drift on every pass.
@@ -212,13 +224,7 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
         }
         None => env.push(plain_env("PRIMARY_HOST", primary_host(database))),
     }
-    let restricted = SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-        ..Default::default()
-    };
+    let restricted = restricted_security_context();
     let init_containers = inputs.instance_image.as_ref().map(|image| {
         vec![Container {
             name: AGENT_INIT_CONTAINER.into(),

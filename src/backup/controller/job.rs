@@ -7,13 +7,13 @@ use super::api::{BackupTarget, DatabaseServiceBackup};
 use crate::api::DatabaseService;
 use crate::backup::pod::{add_archiving, BINARY_DIRECTORY};
 use crate::controller::build::{
-    plain_env, secret_env, AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY, POSTGRES_PORT,
+    plain_env, restricted_security_context, secret_env, AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY,
+    POSTGRES_PORT,
 };
 use crate::controller::names::{ChildNames, MANAGED_BY, MANAGED_BY_LABEL};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecurityContext, Volume,
-    VolumeMount,
+    Container, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -109,13 +109,7 @@ pub fn backup_job(
     if let Some(retention) = &spec.retention_policy {
         environment.push(plain_env("DBSERVICE_BACKUP_RETENTION", retention));
     }
-    let restricted = SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Default::default() }),
-        ..Default::default()
-    };
+    let restricted = restricted_security_context();
     let binary_mount =
         VolumeMount { name: AGENT_VOLUME.into(), mount_path: BINARY_DIRECTORY.into(), ..Default::default() };
     let container = Container {
