@@ -14,6 +14,20 @@ fn helm() -> Option<PathBuf> {
     candidates.into_iter().flatten().find(|path| path.exists())
 }
 
+/// The helm binary, or None (a skip) outside CI; under CI=true a missing helm fails the test.
+fn helm_or_skip() -> Option<PathBuf> {
+    let helm = helm();
+    if helm.is_none() {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "no helm (make cluster-build); CI=true forbids skipping"
+        );
+        eprintln!("skipping: no helm (run make cluster-build or set HELM)");
+    }
+    helm
+}
+
 fn render(helm: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/dbservice-operator");
     let output = Command::new(helm)
@@ -61,15 +75,7 @@ fn assert_grants_children(documents: &[serde_json::Value], kind: &str, name: &st
 
 #[test]
 fn the_chart_grants_every_child_kind_its_verbs_cluster_wide_or_in_the_watched_namespace() {
-    let Some(helm) = helm() else {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "no helm (make cluster-build); CI=true forbids skipping"
-        );
-        eprintln!("skipping: no helm (run make cluster-build or set HELM)");
-        return;
-    };
+    let Some(helm) = helm_or_skip() else { return };
     let cluster_wide = render(&helm, &[]);
     assert_grants_children(&cluster_wide, "ClusterRole", "dbservice-operator", None);
 
@@ -90,15 +96,7 @@ fn the_chart_grants_every_child_kind_its_verbs_cluster_wide_or_in_the_watched_na
 #[test]
 fn the_chart_grants_the_backup_controller_its_permissions() {
     use dbservice_operator::backup::controller::PERMISSIONS;
-    let Some(helm) = helm() else {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "no helm (make cluster-build); CI=true forbids skipping"
-        );
-        eprintln!("skipping: no helm (run make cluster-build or set HELM)");
-        return;
-    };
+    let Some(helm) = helm_or_skip() else { return };
     let check = |documents: &[serde_json::Value], kind: &str, name: &str| {
         let role = documents
             .iter()
