@@ -136,19 +136,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
         },
     });
-    let backup_task = tokio::spawn(crate::backup::controller::run_while_leader(
-        client.clone(),
-        context.clone(),
-        leader.clone(),
-        shutdown.clone(),
-    ));
     let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));
     let _ = shutdown.wait_for(|stop| *stop).await;
     readiness.set(false);
     // The Lease is released first so that a successor takes over at once.
     let _ = election_task.await;
     let _ = controller_task.await;
-    let _ = backup_task.await;
     for task in servers.into_iter().take(2) {
         let _ = task.await;
     }

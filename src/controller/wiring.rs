@@ -13,7 +13,7 @@ use super::reconcile::reconcile_live;
 use crate::api::{DatabaseService, FINALIZER};
 use crate::leader::run_each_term;
 use crate::metrics::ReconcileLabels;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::PartialObjectMeta;
@@ -29,10 +29,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// An Api for `K` in the watched namespace, or in all namespaces.
 /// Objects per page of a watch's (re)list.
 const LIST_PAGE_SIZE: u32 = 50;
+/// DatabaseService events the shared cache holds for a subscriber that lags behind (the backup
+/// controller); the watch waits for it beyond that.
+const SHARED_EVENT_BUFFER: usize = 1024;
 
+/// An Api for `K` in the watched namespace, or in all namespaces.
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
@@ -66,18 +69,23 @@ fn instance_of<K: ResourceExt>(object: K) -> Option<ObjectRef<DatabaseService>> 
     Some(ObjectRef::new(&instance).within(&object.namespace()?))
 }
 
-/// The Controller and the caches it fills.
-fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService>, Stores) {
+/// The Controller, the caches it fills, and a subscription to its DatabaseService cache for the
+/// backup controller (one cache of every DatabaseService in the process, not one per controller).
+fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService>, Stores, DatabaseSubscription) {
     let settings = &context.settings;
     let namespace = settings.watch_namespace.as_deref();
     let mut selected = watcher::Config::default().page_size(LIST_PAGE_SIZE);
     if let Some(selector) = &settings.selector {
         selected = selected.labels(selector);
     }
-    let (databases, database_events) = {
-        let (reader, writer) = reflector::store();
+    let (databases, database_events, subscription) = {
+        let (reader, writer) = reflector::store_shared(SHARED_EVENT_BUFFER);
+        let subscription = DatabaseSubscription {
+            store: reader.clone(),
+            events: writer.subscribe().expect("a shared store can be subscribed"),
+        };
         let events = watcher(scoped::<DatabaseService>(client, namespace), selected).default_backoff();
-        (reader, reflector(writer, events.modify(Slim::slim)).applied_objects())
+        (reader, reflector(writer, events.modify(Slim::slim)).applied_objects(), subscription)
     };
     let mut controller = Controller::for_stream(database_events, databases);
     let mut stores = PartialStores::default();
@@ -118,7 +126,15 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
         };
     }
     let config = ControllerConfig::default().concurrency(settings.concurrency).debounce(Duration::from_millis(500));
-    (controller.with_config(config), stores.complete())
+    (controller.with_config(config), stores.complete(), subscription)
+}
+
+/// The DatabaseService cache of a term and its stream of changes, shared with the backup controller.
+pub struct DatabaseSubscription {
+    /// Every DatabaseService this operator manages.
+    pub store: Store<DatabaseService>,
+    /// Each DatabaseService as the cache applies it.
+    pub events: reflector::ReflectHandle<DatabaseService>,
 }
 
 /// One pass: the finalizer around the live or cleanup pipeline, cancelled if leadership is lost.
@@ -163,9 +179,9 @@ fn error_policy(database: Arc<DatabaseService>, error: &ReconcileError, _context
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Runs the controller while `leader` is true; stops within moments of losing leadership (passes
-/// in flight are cancelled before they write again) and starts again when it comes back. Returns
-/// when `shutdown` turns true.
+/// Runs the DatabaseService controller and the backup controller while `leader` is true; stops
+/// within moments of losing leadership (passes in flight are cancelled before they write again)
+/// and starts again when it comes back. Returns when `shutdown` turns true.
 pub async fn run_while_leader(
     client: Client,
     context: Arc<Context>,
@@ -173,15 +189,20 @@ pub async fn run_while_leader(
     shutdown: watch::Receiver<bool>,
 ) {
     let leading = leader.clone();
-    run_each_term("controller", leader, shutdown, |end| {
-        let (controller, stores) = controller(&client, &context);
+    run_each_term("controllers", leader, shutdown, |end| {
+        let (controller, stores, databases) = controller(&client, &context);
         let pass_context = Arc::new(PassContext {
             shared: context.clone(),
             stores,
             expectations: Expectations::default(),
             leading: leading.clone(),
         });
-        controller.graceful_shutdown_on(end.reached()).run(reconcile, error_policy, pass_context).for_each(|_| async {})
+        let backups = crate::backup::controller::term(&client, &context, leading.clone(), databases, end.clone());
+        let databases = controller
+            .graceful_shutdown_on(end.reached())
+            .run(reconcile, error_policy, pass_context)
+            .for_each(|_| async {});
+        futures::future::join(databases, backups).map(|_| ())
     })
     .await
 }

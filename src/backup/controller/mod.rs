@@ -3,7 +3,7 @@
 //! per database at a time, history limits ([`history`]), events and ledger entries
 //! ([`reconcile`]); `spec.backup.schedule` creates backup objects at the cron times
 //! ([`scheduler`], due logic in [`scheduling`]). Started with the DatabaseService controller,
-//! only while this process leads ([`run_while_leader`]).
+//! only while this process leads ([`term`], run by the DatabaseService controller's term).
 
 pub mod api;
 pub mod context;
@@ -16,7 +16,7 @@ pub mod status;
 mod wiring;
 
 pub use context::BackupContext;
-pub use wiring::run_while_leader;
+pub use wiring::term;
 
 /// What the backup controller and the scheduler do to each resource (API group, resource,
 /// verbs); the chart's RBAC grants exactly this (tests/rbac.rs).

@@ -12,7 +12,8 @@ use crate::controller::children::Stores;
 use crate::controller::context::PassContext;
 use crate::controller::expectations::Expectations;
 use crate::controller::Context;
-use crate::leader::run_each_term;
+use crate::controller::DatabaseSubscription;
+use crate::leader::TermEnd;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
@@ -20,6 +21,7 @@ use kube::runtime::reflector::{self, reflector, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -55,6 +57,7 @@ fn controller(
     client: &Client,
     context: &Arc<Context>,
     leading: watch::Receiver<bool>,
+    databases: DatabaseSubscription,
 ) -> (Controller<DatabaseServiceBackup>, Arc<BackupContext>) {
     let settings = &context.settings;
     let namespace = settings.watch_namespace.as_deref();
@@ -63,15 +66,6 @@ fn controller(
         let (reader, writer) = reflector::store();
         let events = watcher(scoped::<DatabaseServiceBackup>(client, namespace), page.clone()).default_backoff();
         (reader, reflector(writer, events.modify(|backup| backup.managed_fields_mut().clear())).applied_objects())
-    };
-    let mut selected = page.clone();
-    if let Some(selector) = &settings.selector {
-        selected = selected.labels(selector);
-    }
-    let (databases, database_events) = {
-        let (reader, writer) = reflector::store();
-        let events = watcher(scoped::<DatabaseService>(client, namespace), selected).default_backoff();
-        (reader, reflector(writer, events.modify(|database| database.managed_fields_mut().clear())).applied_objects())
     };
     let (jobs, job_events) = {
         let (reader, writer) = reflector::store();
@@ -86,14 +80,14 @@ fn controller(
             leading,
         },
         backups: backups.clone(),
-        databases,
+        databases: databases.store,
         jobs,
     });
     // A DatabaseService that appears or changes wakes its unfinished backups.
     let waiting = backups.clone();
     let controller = Controller::for_stream(backup_events, backups)
         .owns_stream(job_events)
-        .watches_stream(database_events, move |database: DatabaseService| {
+        .watches_shared_stream(databases.events, move |database: Arc<DatabaseService>| {
             let namespace = database.namespace();
             let name = database.name_any();
             waiting
@@ -136,23 +130,20 @@ fn error_policy(
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Runs the backup controller and the scheduler while `leader` is true, like the
-/// DatabaseService controller; returns when `shutdown` turns true.
-pub async fn run_while_leader(
-    client: Client,
-    context: Arc<Context>,
-    leader: watch::Receiver<bool>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let leading = leader.clone();
-    run_each_term("backup controller", leader, shutdown, |end| {
-        let (controller, backup_context) = controller(&client, &context, leading.clone());
-        let controller_run = controller
-            .graceful_shutdown_on(end.clone().reached())
-            .run(reconcile, error_policy, backup_context.clone())
-            .for_each(|_| async {});
-        let scheduler = run_scheduler(backup_context, end.reached());
-        futures::future::join(controller_run, scheduler).map(|_| ())
-    })
-    .await
+/// One leadership term of the backup controller and the scheduler, reading the DatabaseService
+/// controller's cache of the term ([`DatabaseSubscription`]); ends with the term.
+pub fn term(
+    client: &Client,
+    context: &Arc<Context>,
+    leading: watch::Receiver<bool>,
+    databases: DatabaseSubscription,
+    end: TermEnd,
+) -> impl Future<Output = ()> {
+    let (controller, backup_context) = controller(client, context, leading, databases);
+    let controller_run = controller
+        .graceful_shutdown_on(end.clone().reached())
+        .run(reconcile, error_policy, backup_context.clone())
+        .for_each(|_| async {});
+    let scheduler = run_scheduler(backup_context, end.reached());
+    futures::future::join(controller_run, scheduler).map(|_| ())
 }
