@@ -192,14 +192,18 @@ impl Slim for crate::api::DatabaseService {
 pub const OWN_ANNOTATION_PREFIX: &str = "dbservice.dev/";
 
 impl Slim for Compact<StatefulSet> {
+    /// Labels folded into text: only drift detection reads them.
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+        self.fold_labels();
     }
 }
 
 impl Slim for Compact<Service> {
+    /// Labels folded into text: only drift detection reads them.
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+        self.fold_labels();
     }
 }
 
@@ -241,18 +245,22 @@ impl Slim for PersistentVolumeClaim {
 }
 
 impl Slim for PartialObjectMeta<Secret> {
+    /// Nothing reads a cached Secret's labels (ownership is its ownerReferences; it is never
+    /// compared for drift, only created when missing).
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+        self.metadata.labels = None;
     }
 }
 
 impl Slim for ConfigMap {
     /// The scripts (12 KiB) and the ledger (up to 128 KiB) would dominate the cache: only a
-    /// fingerprint of the data is kept, which is all drift detection needs.
+    /// fingerprint of the data and the labels is kept, which is all drift detection needs.
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+        let labels = self.metadata.labels.take();
         if let Some(data) = self.data.take() {
-            self.data = Some(BTreeMap::from([(FINGERPRINT_KEY.to_string(), fingerprint(&data))]));
+            self.data = Some(BTreeMap::from([(FINGERPRINT_KEY.to_string(), fingerprint(&data, labels.as_ref()))]));
         }
         self.binary_data = None;
     }
@@ -315,12 +323,13 @@ impl Slim for Pod {
     }
 }
 
-/// A stable fingerprint of ConfigMap data (the same in the cache and in the desired object).
-pub fn fingerprint(data: &BTreeMap<String, String>) -> String {
+/// A stable fingerprint of ConfigMap data and labels (the same in the cache and in the desired object).
+pub fn fingerprint(data: &BTreeMap<String, String>, labels: Option<&BTreeMap<String, String>>) -> String {
     // SipHash with fixed keys: stable within one build, which is all a comparison in one process needs.
     #[allow(deprecated)]
     let mut hasher = std::hash::SipHasher::new();
     data.hash(&mut hasher);
+    labels.hash(&mut hasher);
     format!("{:016x}", hasher.finish())
 }
 
@@ -340,6 +349,25 @@ mod tests {
         assert_eq!(first.data, same.data);
         assert_ne!(first.data, other.data);
         assert!(serde_json::to_string(&first).unwrap().len() < 200);
+    }
+
+    #[test]
+    fn a_changed_config_map_label_changes_the_fingerprint_and_the_label_map_is_dropped() {
+        let config_map = |instance: &str| ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                labels: Some(BTreeMap::from([("app.kubernetes.io/instance".to_string(), instance.to_string())])),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([("a".to_string(), "b".to_string())])),
+            ..Default::default()
+        };
+        let (mut ours, mut same, mut relabelled) = (config_map("db"), config_map("db"), config_map("other"));
+        for config_map in [&mut ours, &mut same, &mut relabelled] {
+            config_map.slim();
+        }
+        assert_eq!(ours.metadata.labels, None);
+        assert_eq!(ours.data, same.data);
+        assert_ne!(ours.data, relabelled.data);
     }
 
     #[test]
