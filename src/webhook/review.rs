@@ -5,11 +5,13 @@
 //! ever built (an 8 MiB array inside an object used to cost ~280 MiB of RSS that way), and a
 //! malformed spec becomes a denial with the request's uid rather than an anonymous 400.
 
-use crate::api::{DatabaseService, DatabaseServiceSpec, DatabaseServiceStatus, GROUP};
+use crate::api::{DatabaseService, DatabaseServiceSpec, GROUP};
 use base64::Engine;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use std::collections::BTreeMap;
 
 /// API version of every AdmissionReview this webhook accepts and sends.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -185,13 +187,73 @@ impl Request<'_> {
 
 /// A DatabaseService whose metadata may be missing: the mutating webhook runs before schema
 /// validation, and such an object still gets its defaults (and a patch that creates metadata).
+/// Its status is skipped unparsed: admission rules read the spec and metadata only.
 #[derive(Deserialize)]
 struct Object {
     #[serde(default)]
-    metadata: ObjectMeta,
+    metadata: AdmittedMetadata,
     spec: DatabaseServiceSpec,
     #[serde(default)]
-    status: Option<DatabaseServiceStatus>,
+    #[allow(dead_code)]
+    status: serde::de::IgnoredAny,
+}
+
+/// The metadata of an admitted object without `managedFields`, which are skipped unparsed: in an
+/// apiserver-sized UPDATE they are most of the metadata, and as a tree of JSON maps they were
+/// most of the parsing (no admission rule reads them).
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct AdmittedMetadata {
+    name: Option<String>,
+    generate_name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    generation: Option<i64>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl From<AdmittedMetadata> for ObjectMeta {
+    fn from(metadata: AdmittedMetadata) -> Self {
+        let AdmittedMetadata {
+            name,
+            generate_name,
+            namespace,
+            uid,
+            resource_version,
+            generation,
+            creation_timestamp,
+            deletion_timestamp,
+            deletion_grace_period_seconds,
+            labels,
+            annotations,
+            finalizers,
+            owner_references,
+        } = metadata;
+        ObjectMeta {
+            name,
+            generate_name,
+            namespace,
+            uid,
+            resource_version,
+            generation,
+            creation_timestamp,
+            deletion_timestamp,
+            deletion_grace_period_seconds,
+            labels,
+            annotations,
+            finalizers,
+            owner_references,
+            managed_fields: None,
+            self_link: None,
+        }
+    }
 }
 
 /// Parses a raw object; `null` counts as absent.
@@ -200,7 +262,7 @@ fn parse_object(raw: Option<&RawValue>, field: &str) -> Result<Option<DatabaseSe
         return Ok(None);
     };
     serde_json::from_str::<Object>(raw.get())
-        .map(|Object { metadata, spec, status }| Some(DatabaseService { metadata, spec, status }))
+        .map(|Object { metadata, spec, .. }| Some(DatabaseService { metadata: metadata.into(), spec, status: None }))
         .map_err(|error| Refusal::Malformed(format!("{field}: Invalid value: {error}")))
 }
 
@@ -270,5 +332,49 @@ impl Response {
         }
         serde_json::to_vec(&ReviewOut { api_version: API_VERSION, kind: "AdmissionReview", response: self })
             .expect("an AdmissionReview serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(metadata: serde_json::Value, status: serde_json::Value) -> Vec<u8> {
+        let object = serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "metadata": metadata,
+            "spec": {"version": "16.4", "storageSize": "1Gi", "databaseName": "app", "username": "app_user"},
+            "status": status
+        });
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": API_VERSION, "kind": "AdmissionReview",
+            "request": {"uid": "1", "operation": "CREATE", "object": object,
+                        "kind": {"group": GROUP, "version": "v1", "kind": "DatabaseService"},
+                        "resource": {"group": GROUP, "version": "v1", "resource": RESOURCE}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn managed_fields_and_status_are_skipped_and_the_rest_of_the_metadata_is_kept() {
+        let body = review(
+            serde_json::json!({"name": "db", "namespace": "shop", "finalizers": ["a"], "labels": {"team": "x"},
+                               "managedFields": "not even a list", "deletionTimestamp": "2026-12-01T00:00:00Z"}),
+            serde_json::json!({"phase": 42}),
+        );
+        let request = parse_request(&body).unwrap();
+        let object = request.admission().unwrap().object.unwrap();
+        assert_eq!(object.metadata.name.as_deref(), Some("db"));
+        assert_eq!(object.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(object.metadata.finalizers, Some(vec!["a".to_string()]));
+        assert_eq!(object.metadata.labels.unwrap()["team"], "x");
+        assert!(object.metadata.deletion_timestamp.is_some());
+        assert!(object.metadata.managed_fields.is_none() && object.status.is_none());
+    }
+
+    #[test]
+    fn a_malformed_kept_metadata_field_is_still_a_malformed_object() {
+        let body = review(serde_json::json!({"name": "db", "finalizers": "a"}), serde_json::Value::Null);
+        let request = parse_request(&body).unwrap();
+        assert!(matches!(request.admission(), Err(Refusal::Malformed(message)) if message.starts_with("object:")));
     }
 }
