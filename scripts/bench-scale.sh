@@ -147,6 +147,15 @@ declare -A reached=()
 milestone() { # NAME COUNT
   if [ -z "${reached[$1]:-}" ] && [ "$2" -ge "$created" ]; then reached[$1]="$(elapsed "$start" "$(now)")"; fi
 }
+# VmHWM counts the binary's text pages as well as the heap; the anonymous part (heap, stacks) is
+# sampled at each poll to show what the operator itself holds.
+peak_anon_kib=0
+sample_anon() {
+  local anon
+  anon="$(awk '/RssAnon/ {print $2}' "/proc/$operator_pid/status")"
+  [ "$anon" -gt "$peak_anon_kib" ] && peak_anon_kib="$anon"
+  return 0
+}
 running=0
 deadline=$(( $(date +%s) + ${BENCH_TIMEOUT:-1800} ))
 while :; do
@@ -158,6 +167,7 @@ while :; do
   milestone "claims Bound" "$(kubectl get pvc -n "$namespace" --no-headers 2>/dev/null | grep -c ' Bound ' || true)"
   milestone "pods Running" "$(grep -c '^Running$' <<<"$pods" || true)"
   milestone "databases Running" "$running"
+  sample_anon
   [ "$running" -ge "$created" ] && break
   echo "  $(elapsed "$start" "$(now)") s: $running Running" >&2
   [ "$(date +%s)" -ge "$deadline" ] && { echo "timed out with $running of $created Running" >&2; break; }
@@ -175,6 +185,8 @@ sleep "$quiet_seconds"
 writes_after="$(metric_sum dbservice_controller_writes_total)"
 peak_rss_kib="$(awk '/VmHWM/ {print $2}' "/proc/$operator_pid/status")"
 rss_kib="$(awk '/VmRSS/ {print $2}' "/proc/$operator_pid/status")"
+sample_anon
+file_rss_kib="$(awk '/RssFile/ {print $2}' "/proc/$operator_pid/status")"
 admission_errors="$(metric_sum dbservice_admission_requests_total 'result="error"')"
 
 requests_by_verb() {
@@ -199,6 +211,7 @@ bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-
   all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
   all N reached (s):       status written ${reached[status written]:--}, pods created ${reached[pods created]:--}, claims Bound ${reached[claims Bound]:--}, pods Running ${reached[pods Running]:--}, databases Running ${reached[databases Running]:--}
   operator peak RSS:       $((peak_rss_kib / 1024)) MiB ($peak_rss_kib KiB); after the quiet period $((rss_kib / 1024)) MiB
+  of which:                anonymous (heap, stacks) peak $((peak_anon_kib / 1024)) MiB sampled at each poll; binary text mapped $((file_rss_kib / 1024)) MiB
   operator CPU:            $(elapsed "$operator_cpu_before" "$operator_cpu_after") s
   apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
   API requests (converge): $(requests_by_verb)
