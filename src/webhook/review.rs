@@ -187,15 +187,13 @@ impl Request<'_> {
 
 /// A DatabaseService whose metadata may be missing: the mutating webhook runs before schema
 /// validation, and such an object still gets its defaults (and a patch that creates metadata).
-/// Its status is skipped unparsed: admission rules read the spec and metadata only.
+/// Its status, like any unknown field, is skipped unparsed: admission rules read the spec and
+/// metadata only.
 #[derive(Deserialize)]
 struct Object {
     #[serde(default)]
     metadata: AdmittedMetadata,
     spec: DatabaseServiceSpec,
-    #[serde(default)]
-    #[allow(dead_code)]
-    status: serde::de::IgnoredAny,
 }
 
 /// The metadata of an admitted object without `managedFields`, which are skipped unparsed: in an
@@ -247,7 +245,7 @@ fn parse_object(raw: Option<&RawValue>, field: &str) -> Result<Option<DatabaseSe
         return Ok(None);
     };
     serde_json::from_str::<Object>(raw.get())
-        .map(|Object { metadata, spec, .. }| Some(DatabaseService { metadata: metadata.into(), spec, status: None }))
+        .map(|Object { metadata, spec }| Some(DatabaseService { metadata: metadata.into(), spec, status: None }))
         .map_err(|error| Refusal::Malformed(format!("{field}: Invalid value: {error}")))
 }
 
