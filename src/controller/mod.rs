@@ -40,6 +40,7 @@ mod decide_tests;
 pub use context::Context;
 pub use error::{ReconcileError, Step};
 pub use settings::ControllerSettings;
+pub(crate) use wiring::scoped;
 pub use wiring::{run_while_leader, DatabaseSubscription};
 
 use kube::Client;

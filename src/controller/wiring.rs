@@ -36,7 +36,7 @@ const LIST_PAGE_SIZE: u32 = 50;
 const SHARED_EVENT_BUFFER: usize = 1024;
 
 /// An Api for `K` in the watched namespace, or in all namespaces.
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+pub(crate) fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {

@@ -12,7 +12,7 @@ use crate::controller::children::Stores;
 use crate::controller::context::PassContext;
 use crate::controller::expectations::Expectations;
 use crate::controller::Context;
-use crate::controller::DatabaseSubscription;
+use crate::controller::{scoped, DatabaseSubscription};
 use crate::leader::TermEnd;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
@@ -20,7 +20,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, reflector, ObjectRef};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,16 +30,6 @@ use tokio::sync::watch;
 const LIST_PAGE_SIZE: u32 = 50;
 /// Backups reconciled at once.
 const CONCURRENCY: u16 = 4;
-
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-{
-    match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    }
-}
 
 /// Caches that nothing fills: the ledger helpers need a [`PassContext`], not its caches.
 fn empty_stores() -> Stores {
