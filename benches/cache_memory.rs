@@ -165,12 +165,12 @@ fn main() {
         let name = format!("Service {} (compact)", service.metadata.name.as_deref().unwrap_or_default());
         measure::<Compact<Service>>(&name, as_served(to_value(service), json!({"loadBalancer": {}})), &mut rows);
     }
-    measure::<ConfigMap>(
-        "ConfigMap scripts (fingerprint)",
+    measure::<Compact<ConfigMap>>(
+        "ConfigMap scripts (fingerprint, compact)",
         as_served(to_value(&children.scripts), Value::Null),
         &mut rows,
     );
-    measure::<ConfigMap>("ConfigMap ledger (fingerprint)", as_served(ledger, Value::Null), &mut rows);
+    measure::<Compact<ConfigMap>>("ConfigMap ledger (fingerprint, compact)", as_served(ledger, Value::Null), &mut rows);
     measure::<PartialObjectMeta<Secret>>("Secret (metadata only)", as_served(secret, Value::Null), &mut rows);
     measure::<Compact<Pod>>("Pod (slimmed, compact)", as_served(pod, pod_status), &mut rows);
     measure::<Compact<PersistentVolumeClaim>>(

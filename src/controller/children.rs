@@ -106,8 +106,8 @@ pub struct Stores {
     pub stateful_sets: Store<Compact<StatefulSet>>,
     /// Owned Services, spec and status as text.
     pub services: Store<Compact<Service>>,
-    /// Owned ConfigMaps, data replaced by a fingerprint.
-    pub config_maps: Store<ConfigMap>,
+    /// Owned ConfigMaps, data replaced by a fingerprint, packed.
+    pub config_maps: Store<Compact<ConfigMap>>,
     /// Owned Secrets, metadata only.
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// Pods by the managed-by label, slimmed, spec and status as text.
@@ -134,7 +134,7 @@ impl Stores {
 pub(super) struct PartialStores {
     pub stateful_sets: Option<Store<Compact<StatefulSet>>>,
     pub services: Option<Store<Compact<Service>>>,
-    pub config_maps: Option<Store<ConfigMap>>,
+    pub config_maps: Option<Store<Compact<ConfigMap>>>,
     pub secrets: Option<Store<PartialObjectMeta<Secret>>>,
     pub pods: Option<Store<Compact<Pod>>>,
     pub claims: Option<Store<Compact<PersistentVolumeClaim>>>,
@@ -208,21 +208,42 @@ impl Slim for Compact<Service> {
 }
 
 impl Slim for Compact<PersistentVolumeClaim> {
+    /// Labels folded into text: a pass reads them from the claim it expands.
     fn slim(&mut self) {
         slim_metadata(&mut self.metadata);
+        self.fold_labels();
     }
 }
 
 impl Slim for Compact<Pod> {
     /// Slimmed as a typed Pod first (the fields health and failover read), then kept as text: a
-    /// typed Pod is mostly empty Options and costs several times its text.
+    /// typed Pod is mostly empty Options and costs several times its text. Labels folded: a pass
+    /// reads them (role, revision) from the pod it expands.
     fn slim(&mut self) {
-        if let Some(mut pod) = self.expand() {
-            pod.slim();
-            *self = Compact::from_object(&pod);
-        } else {
-            slim_metadata(&mut self.metadata);
+        slim_typed(self);
+        self.fold_labels();
+    }
+}
+
+impl Slim for Compact<ConfigMap> {
+    /// Data replaced by its fingerprint as for a typed ConfigMap, then packed (a map of one entry
+    /// still costs a B-tree node with room for 11).
+    fn slim(&mut self) {
+        slim_typed(self);
+    }
+}
+
+/// Slims a compact object as its typed form, then packs it again.
+fn slim_typed<K>(compact: &mut Compact<K>)
+where
+    K: Slim + serde::Serialize + serde::de::DeserializeOwned,
+{
+    match compact.expand() {
+        Some(mut object) => {
+            object.slim();
+            *compact = Compact::from_object(&object);
         }
+        None => slim_metadata(&mut compact.metadata),
     }
 }
 

@@ -26,6 +26,7 @@ pub mod journal;
 pub mod ledger;
 pub mod names;
 pub mod observe;
+pub mod packed;
 pub mod publish;
 mod reconcile;
 pub mod rolling;

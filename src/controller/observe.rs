@@ -4,7 +4,7 @@
 
 use super::children::{cached, Stores};
 use super::compact::Compact;
-use super::names::{is_labelled_child_of, ChildNames};
+use super::names::ChildNames;
 use crate::api::DatabaseService;
 use crate::quantity::parse_bytes;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -26,9 +26,9 @@ pub struct Observed {
     /// Services by name.
     pub services: BTreeMap<String, Arc<Compact<Service>>>,
     /// ConfigMap NAME-scripts (data as a fingerprint).
-    pub scripts: Option<Arc<ConfigMap>>,
+    pub scripts: Option<Arc<Compact<ConfigMap>>>,
     /// ConfigMap NAME-ledger (data as a fingerprint).
-    pub ledger: Option<Arc<ConfigMap>>,
+    pub ledger: Option<Arc<Compact<ConfigMap>>>,
     /// Secret NAME-credentials, metadata only; only one carrying the managed-by label is seen.
     pub credentials: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Pods labelled as this instance's, by name.
@@ -70,9 +70,9 @@ fn expanded_children<K>(store: &Store<Compact<K>>, namespace: &str, name: &str) 
 where
     K: k8s_openapi::Resource + Serialize + DeserializeOwned + Clone,
 {
-    let mut children = store.state_filter(|child| {
-        child.metadata.namespace.as_deref() == Some(namespace) && is_labelled_child_of(child, name)
-    });
+    // Every cached child carries the managed-by label (the watches select by it).
+    let mut children = store
+        .state_filter(|child| child.metadata.namespace.as_deref() == Some(namespace) && child.instance() == Some(name));
     children.sort_by(|left, right| left.metadata.name.cmp(&right.metadata.name));
     children.iter().filter_map(|child| child.expand().map(Arc::new)).collect()
 }

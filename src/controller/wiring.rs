@@ -8,7 +8,7 @@ use super::compact::Compact;
 use super::context::{Context, PassContext};
 use super::error::ReconcileError;
 use super::expectations::Expectations;
-use super::names::{INSTANCE_LABEL, MANAGED_SELECTOR};
+use super::names::MANAGED_SELECTOR;
 use super::reconcile::reconcile_live;
 use crate::api::{DatabaseService, FINALIZER};
 use crate::leader::run_each_term;
@@ -64,9 +64,8 @@ where
     (reader, stream)
 }
 
-fn instance_of<K: ResourceExt>(object: K) -> Option<ObjectRef<DatabaseService>> {
-    let instance = object.labels().get(INSTANCE_LABEL)?.clone();
-    Some(ObjectRef::new(&instance).within(&object.namespace()?))
+fn instance_of<K>(object: Compact<K>) -> Option<ObjectRef<DatabaseService>> {
+    Some(ObjectRef::new(object.instance()?).within(object.metadata.namespace.as_deref()?))
 }
 
 /// The Controller, the caches it fills, and a subscription to its DatabaseService cache for the
@@ -102,7 +101,7 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
                 controller.owns_stream(stream)
             }
             ChildKind::ConfigMap => {
-                let (store, stream) = cache(watcher(scoped::<ConfigMap>(client, namespace), managed()));
+                let (store, stream) = cache(watcher(scoped::<Compact<ConfigMap>>(client, namespace), managed()));
                 stores.config_maps = Some(store);
                 controller.owns_stream(stream)
             }
