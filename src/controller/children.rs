@@ -191,59 +191,10 @@ impl Slim for crate::api::DatabaseService {
 /// Prefix of the annotations the operator reads on a DatabaseService.
 pub const OWN_ANNOTATION_PREFIX: &str = "dbservice.dev/";
 
-impl Slim for Compact<StatefulSet> {
-    /// Labels folded into text: only drift detection reads them.
+impl<K: Slim + serde::Serialize + serde::de::DeserializeOwned> Slim for Compact<K> {
+    /// Reduced as the typed object is, then packed again.
     fn slim(&mut self) {
-        slim_metadata(&mut self.metadata);
-        self.fold_labels();
-    }
-}
-
-impl Slim for Compact<Service> {
-    /// Labels folded into text: only drift detection reads them.
-    fn slim(&mut self) {
-        slim_metadata(&mut self.metadata);
-        self.fold_labels();
-    }
-}
-
-impl Slim for Compact<PersistentVolumeClaim> {
-    /// Labels folded into text: a pass reads them from the claim it expands.
-    fn slim(&mut self) {
-        slim_metadata(&mut self.metadata);
-        self.fold_labels();
-    }
-}
-
-impl Slim for Compact<Pod> {
-    /// Slimmed as a typed Pod first (the fields health and failover read), then kept as text: a
-    /// typed Pod is mostly empty Options and costs several times its text. Labels folded: a pass
-    /// reads them (role, revision) from the pod it expands.
-    fn slim(&mut self) {
-        slim_typed(self);
-        self.fold_labels();
-    }
-}
-
-impl Slim for Compact<ConfigMap> {
-    /// Data replaced by its fingerprint as for a typed ConfigMap, then packed (a map of one entry
-    /// still costs a B-tree node with room for 11).
-    fn slim(&mut self) {
-        slim_typed(self);
-    }
-}
-
-/// Slims a compact object as its typed form, then packs it again.
-fn slim_typed<K>(compact: &mut Compact<K>)
-where
-    K: Slim + serde::Serialize + serde::de::DeserializeOwned,
-{
-    match compact.expand() {
-        Some(mut object) => {
-            object.slim();
-            *compact = Compact::from_object(&object);
-        }
-        None => slim_metadata(&mut compact.metadata),
+        self.reduce(K::slim);
     }
 }
 

@@ -105,8 +105,9 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
     let ledger = observed
         .ledger
         .as_ref()
-        .filter(|ledger| is_owned_by(ledger.as_ref(), &uid))
-        .map(|ledger| ObjectIdentity::of(ledger.as_ref()));
+        .and_then(|ledger| ledger.expand())
+        .filter(|ledger| is_owned_by(ledger, &uid))
+        .map(|ledger| ObjectIdentity::of(&ledger));
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);

@@ -1,12 +1,13 @@
-//! A compact cached object: metadata as usual, every other field (spec, status, data) kept as one
-//! packed JSON object ([`Packed`]: zstd against a dictionary of the operator's own children). The
-//! typed k8s-openapi structs are mostly empty Options, and a StatefulSet costs about 30 KiB in
-//! memory as a struct, about 3 KiB as text and a few hundred bytes packed; the caches hold one per
-//! DatabaseService (three Services), so the packed form is what keeps 10 000 DatabaseServices within
-//! the operator's memory budget. A pass expands the one object it needs. Labels that nothing reads
-//! from the cache are packed as well ([`Compact::fold_labels`]): a label map costs ~700 B in memory
-//! (a B-tree node holds room for 11 entries), its packed text a few dozen bytes. The instance label
-//! stays readable, since watches map events by it and every pass selects children by it.
+//! A compact cached object: of the metadata only what every pass reads without expanding the
+//! object stays typed (name and namespace, the store's key; resourceVersion, which the expectations
+//! compare; the instance label, by which watches map events and passes select children); everything
+//! else (spec, status, data, the rest of the metadata) is one packed JSON object ([`Packed`]: zstd
+//! against a dictionary of the operator's own children). The typed k8s-openapi structs are mostly
+//! empty Options: a StatefulSet costs about 30 KiB in memory as a struct, about 3 KiB as text and a
+//! few hundred bytes packed; a label map ~700 B (a B-tree node has room for 11 entries), owner
+//! references ~300 B. The caches hold one StatefulSet, three Services, two ConfigMaps, and the
+//! pods and claims of every DatabaseService, so the packed form is what keeps 10 000
+//! DatabaseServices within the operator's memory budget. A pass expands the objects it needs.
 
 use super::names::INSTANCE_LABEL;
 use super::packed::Packed;
@@ -18,15 +19,13 @@ use serde_json::{Map, Value};
 use std::fmt::Debug;
 use std::marker::PhantomData;
 
-/// An object of kind `K` with everything but its metadata as packed JSON text.
+/// An object of kind `K` with everything but its name, namespace and resourceVersion packed.
 pub struct Compact<K> {
-    /// Metadata, as cached.
+    /// Name, namespace and resourceVersion; the rest of the metadata is in the packed body.
     pub metadata: ObjectMeta,
-    /// The labels as packed JSON text once folded out of the metadata.
-    labels: Option<Packed>,
-    /// The instance label's value once the labels are folded.
+    /// The value of the instance label.
     instance: Option<Box<str>>,
-    /// Every field but metadata, apiVersion and kind, as one packed JSON object.
+    /// Every other field, the rest of the metadata included, as one packed JSON object.
     body: Option<Packed>,
     kind: PhantomData<fn() -> K>,
 }
@@ -35,7 +34,6 @@ impl<K> Clone for Compact<K> {
     fn clone(&self) -> Self {
         Self {
             metadata: self.metadata.clone(),
-            labels: self.labels.clone(),
             instance: self.instance.clone(),
             body: self.body.clone(),
             kind: PhantomData,
@@ -45,39 +43,66 @@ impl<K> Clone for Compact<K> {
 
 impl<K> Debug for Compact<K> {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("Compact")
-            .field("metadata", &self.metadata)
-            .field("labels", &self.labels)
-            .field("body", &self.body)
-            .finish()
+        formatter.debug_struct("Compact").field("metadata", &self.metadata).field("body", &self.body).finish()
     }
 }
 
 impl<'de, K> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut fields = Map::<String, Value>::deserialize(deserializer)?;
-        let metadata = match fields.remove("metadata") {
-            Some(metadata) => ObjectMeta::deserialize(metadata).map_err(D::Error::custom)?,
-            None => ObjectMeta::default(),
+        let mut rest = match fields.remove("metadata") {
+            Some(Value::Object(metadata)) => metadata,
+            None | Some(Value::Null) => Map::new(),
+            Some(_) => return Err(D::Error::custom("metadata is not an object")),
         };
+        let mut take = |key: &str| match rest.remove(key) {
+            Some(Value::String(text)) => Ok(Some(text)),
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => Err(D::Error::custom(format!("metadata.{key} is not a string"))),
+        };
+        let metadata = ObjectMeta {
+            name: take("name")?,
+            namespace: take("namespace")?,
+            resource_version: take("resourceVersion")?,
+            ..ObjectMeta::default()
+        };
+        // Nothing compares managedFields: only fields the operator sets are compared.
+        rest.remove("managedFields");
+        rest.retain(|_, value| !value.is_null());
+        let instance = rest.get("labels").and_then(|labels| labels.get(INSTANCE_LABEL)?.as_str()).map(Into::into);
         // The kind is the type's; nulls are what absent Options serialize to.
         fields.remove("apiVersion");
         fields.remove("kind");
         fields.retain(|_, value| !value.is_null());
+        if !rest.is_empty() {
+            fields.insert("metadata".into(), Value::Object(rest));
+        }
         let body = (!fields.is_empty()).then(|| Packed::new(&Value::Object(fields).to_string()));
-        Ok(Self { metadata, labels: None, instance: None, body, kind: PhantomData })
+        Ok(Self { metadata, instance, body, kind: PhantomData })
     }
 }
 
 impl<K> Serialize for Compact<K> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let fields: Map<String, Value> = match &self.body {
+        let mut fields: Map<String, Value> = match &self.body {
             Some(body) => serde_json::from_str(&body.text()).map_err(S::Error::custom)?,
             None => Map::new(),
         };
+        let mut metadata = match fields.remove("metadata") {
+            Some(Value::Object(rest)) => rest,
+            _ => Map::new(),
+        };
+        for (key, value) in [
+            ("name", &self.metadata.name),
+            ("namespace", &self.metadata.namespace),
+            ("resourceVersion", &self.metadata.resource_version),
+        ] {
+            if let Some(value) = value {
+                metadata.insert(key.into(), Value::String(value.clone()));
+            }
+        }
         let mut map = serializer.serialize_map(Some(fields.len() + 1))?;
-        map.serialize_entry("metadata", &self.metadata)?;
+        map.serialize_entry("metadata", &metadata)?;
         for (key, value) in &fields {
             map.serialize_entry(key, value)?;
         }
@@ -105,12 +130,9 @@ impl<K: k8s_openapi::Resource> k8s_openapi::Metadata for Compact<K> {
 }
 
 impl<K> Compact<K> {
-    /// The value of the instance label, folded or not.
+    /// The value of the instance label.
     pub fn instance(&self) -> Option<&str> {
-        match &self.labels {
-            Some(_) => self.instance.as_deref(),
-            None => self.metadata.labels.as_ref()?.get(INSTANCE_LABEL).map(String::as_str),
-        }
+        self.instance.as_deref()
     }
 }
 
@@ -120,27 +142,25 @@ impl<K: Serialize + DeserializeOwned> Compact<K> {
         serde_json::from_value(serde_json::to_value(object).expect("objects serialize")).expect("objects deserialize")
     }
 
-    /// Moves the labels out of the metadata into text; [`Compact::to_value`] and
-    /// [`Compact::expand`] put them back. Only for kinds whose cached labels nothing reads.
-    pub fn fold_labels(&mut self) {
-        if let Some(labels) = self.metadata.labels.take() {
-            self.instance = labels.get(INSTANCE_LABEL).map(|instance| instance.as_str().into());
-            self.labels = Some(Packed::new(&serde_json::to_string(&labels).expect("labels serialize")));
-        }
-    }
-
-    /// The object as JSON (for comparing with a desired object), folded labels included.
+    /// The object as JSON (for comparing with a desired object), all of its metadata included.
     pub fn to_value(&self) -> Value {
-        let mut value = serde_json::to_value(self).expect("compact objects serialize");
-        if let (Some(labels), Some(metadata)) = (&self.labels, value.get_mut("metadata")) {
-            metadata["labels"] = serde_json::from_str(&labels.text()).expect("folded labels are JSON");
-        }
-        value
+        serde_json::to_value(self).expect("compact objects serialize")
     }
 
     /// The typed object; None if the text no longer parses as `K` (never for what the apiserver sent).
     pub fn expand(&self) -> Option<K> {
         serde_json::from_value(self.to_value()).ok()
+    }
+
+    /// Reduces the object as its typed form is reduced ([`super::children::Slim`]), keeping the
+    /// instance label it arrived with (a ConfigMap's labels go into its data's fingerprint).
+    pub fn reduce(&mut self, slim: impl FnOnce(&mut K)) {
+        if let Some(mut object) = self.expand() {
+            slim(&mut object);
+            let instance = self.instance.take();
+            *self = Compact::from_object(&object);
+            self.instance = instance;
+        }
     }
 }
 
@@ -160,22 +180,34 @@ mod tests {
         .unwrap();
         let compact = Compact::from_object(&object);
         assert_eq!(compact.expand(), Some(object.clone()));
-        assert_eq!(compact.metadata.generation, Some(3));
+        assert_eq!(compact.metadata.generation, None, "packed with the rest of the metadata");
+        assert_eq!(compact.to_value()["metadata"]["generation"], 3);
         let parsed: Compact<StatefulSet> = serde_json::from_str(&serde_json::to_string(&object).unwrap()).unwrap();
         assert_eq!(parsed.body, compact.body);
         assert!(std::mem::size_of::<Compact<StatefulSet>>() < std::mem::size_of::<StatefulSet>() / 2);
     }
 
     #[test]
-    fn folded_labels_leave_the_metadata_and_come_back_in_the_object() {
+    fn packed_metadata_comes_back_in_the_object_and_managed_fields_are_dropped() {
         let object: StatefulSet = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "db", "labels": {"app.kubernetes.io/instance": "db", "team": "a"}},
+            "metadata": {"name": "db", "namespace": "ns", "resourceVersion": "42", "uid": "u-1",
+                         "labels": {"app.kubernetes.io/instance": "db", "team": "a"},
+                         "ownerReferences": [{"apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "name": "db", "uid": "u-0", "controller": true}]},
             "spec": {"serviceName": "db", "selector": {}, "template": {}}
         }))
         .unwrap();
-        let mut compact = Compact::from_object(&object);
-        compact.fold_labels();
-        assert_eq!(compact.metadata.labels, None);
+        let mut served = object.clone();
+        served.metadata.managed_fields = Some(vec![Default::default()]);
+        let compact = Compact::from_object(&served);
+        assert_eq!(
+            compact.metadata,
+            ObjectMeta {
+                name: Some("db".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            }
+        );
         assert_eq!(compact.instance(), Some("db"));
         assert_eq!(compact.to_value()["metadata"]["labels"]["team"], "a");
         assert_eq!(compact.clone().expand(), Some(object));

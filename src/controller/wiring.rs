@@ -64,6 +64,8 @@ where
     (reader, stream)
 }
 
+/// The DatabaseService a compact child belongs to, by its instance label: every child carries it,
+/// and owned children's ownerReferences are packed with the rest of their metadata.
 fn instance_of<K>(object: Compact<K>) -> Option<ObjectRef<DatabaseService>> {
     Some(ObjectRef::new(object.instance()?).within(object.metadata.namespace.as_deref()?))
 }
@@ -93,17 +95,17 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
             ChildKind::StatefulSet => {
                 let (store, stream) = cache(watcher(scoped::<Compact<StatefulSet>>(client, namespace), managed()));
                 stores.stateful_sets = Some(store);
-                controller.owns_stream(stream)
+                controller.watches_stream(stream, instance_of)
             }
             ChildKind::Service => {
                 let (store, stream) = cache(watcher(scoped::<Compact<Service>>(client, namespace), managed()));
                 stores.services = Some(store);
-                controller.owns_stream(stream)
+                controller.watches_stream(stream, instance_of)
             }
             ChildKind::ConfigMap => {
                 let (store, stream) = cache(watcher(scoped::<Compact<ConfigMap>>(client, namespace), managed()));
                 stores.config_maps = Some(store);
-                controller.owns_stream(stream)
+                controller.watches_stream(stream, instance_of)
             }
             ChildKind::Secret => {
                 // Metadata only: passwords never sit in the operator's memory.
