@@ -98,12 +98,12 @@ pub(crate) fn strip_nulls(value: &mut Value) {
 
 /// The CRD as YAML, as printed by `dbservice-operator crd`.
 pub fn crd_yaml() -> String {
-    serde_saphyr::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
+    crate::yaml::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
 }
 
 /// Only the CRD's `.spec` as YAML: the chart wraps it with its own metadata.
 pub fn crd_spec_yaml() -> String {
-    serde_saphyr::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
+    crate::yaml::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
 }
 
 #[cfg(test)]

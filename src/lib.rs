@@ -18,3 +18,4 @@ pub mod run;
 pub mod telemetry;
 pub mod validation;
 pub mod webhook;
+pub mod yaml;

@@ -156,10 +156,10 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
 
 /// Only the backup CRD's `.spec` as YAML: the chart wraps it with its own metadata.
 pub fn crd_spec_yaml() -> String {
-    serde_saphyr::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
+    crate::yaml::to_string(&custom_resource_definition().spec).expect("the CRD spec serializes to YAML")
 }
 
 /// The backup CRD as YAML.
 pub fn crd_yaml() -> String {
-    serde_saphyr::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
+    crate::yaml::to_string(&custom_resource_definition()).expect("the CRD serializes to YAML")
 }
