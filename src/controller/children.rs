@@ -163,8 +163,7 @@ where
     store.get(&ObjectRef::new(name).within(namespace))
 }
 
-/// Key under which a cached ConfigMap keeps the fingerprint of its data.
-pub const FINGERPRINT_KEY: &str = "dbservice.dev/fingerprint";
+pub use super::names::FINGERPRINT_KEY;
 
 /// Reduces an object to what the controller reads, to keep the caches small at 10 000 objects.
 pub trait Slim {

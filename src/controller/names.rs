@@ -71,6 +71,9 @@ pub fn label_selector(name: &str) -> String {
     format!("{INSTANCE_LABEL}={name},{MANAGED_SELECTOR}")
 }
 
+/// Key under which a cached ConfigMap keeps the fingerprint of its data.
+pub const FINGERPRINT_KEY: &str = "dbservice.dev/fingerprint";
+
 /// Whether `object` carries the labels the operator puts on the children of `name`.
 pub fn is_labelled_child_of<K: ResourceExt>(object: &K, name: &str) -> bool {
     let labels = object.labels();

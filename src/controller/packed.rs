@@ -9,6 +9,7 @@
 //! is kept as it is (zstd frames start with a magic number that JSON text never starts with).
 
 use super::build::{desired, NewPasswords, WorkloadInputs};
+use super::names::FINGERPRINT_KEY;
 use crate::api::DatabaseService;
 use serde_json::{json, Value};
 use std::borrow::Cow;
@@ -109,27 +110,48 @@ pub fn dictionary() -> Vec<u8> {
         let children = desired(&database, &inputs(instance_image), Some(passwords()));
         let mut stateful_set = serde_json::to_value(&children.stateful_set).expect("objects serialize");
         merge(&mut stateful_set, &stateful_set_defaults());
-        let template = stateful_set["spec"]["template"].clone();
+        let owner = stateful_set["metadata"]["ownerReferences"].clone();
+        let labels = stateful_set["spec"]["template"]["metadata"]["labels"].clone();
+        let mut fingerprint = json!({"data": {}, "metadata": {"ownerReferences": owner}});
+        fingerprint["data"][FINGERPRINT_KEY] = json!("0123456789abcdef");
+        texts.push(body(fingerprint));
         let mut claim = stateful_set["spec"]["volumeClaimTemplates"][0].clone();
         merge(&mut claim, &claim_defaults());
-        texts.push(pod_text(&template));
-        texts.push(claim["spec"].to_string());
-        texts.push(claim["status"].to_string());
+        claim["metadata"]["labels"] = labels.clone();
+        claim["metadata"]["ownerReferences"] = owner;
+        texts.push(body(claim));
+        texts.push(body(pod(&stateful_set["spec"]["template"], labels)));
         for service in &children.services {
             let mut service = serde_json::to_value(service).expect("objects serialize");
             merge(&mut service, &service_defaults());
-            texts.push(service["metadata"]["labels"].to_string());
-            texts.push(service["spec"].to_string());
+            texts.push(body(service));
         }
-        texts.push(stateful_set["status"].to_string());
-        texts.push(stateful_set["metadata"]["labels"].to_string());
-        texts.push(stateful_set["spec"].to_string());
+        texts.push(body(stateful_set));
     }
     texts.concat().into_bytes()
 }
 
-/// A cached Pod's spec and status as slimmed (only names, images, readiness and waiting reasons).
-fn pod_text(template: &Value) -> String {
+/// The text a [`super::compact::Compact`] packs of an object as served: all but the identity
+/// fields it keeps typed, and what the caches slim away (managedFields, most annotations).
+fn body(mut object: Value) -> String {
+    merge(
+        &mut object,
+        &json!({"metadata": {"creationTimestamp": "2026-12-01T00:00:00Z", "uid": "3f0c1e2a-7b7d-4c55-9d3e-2f1b8c9a0d11"}}),
+    );
+    if let Some(fields) = object.as_object_mut() {
+        fields.remove("apiVersion");
+        fields.remove("kind");
+    }
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for identity in ["name", "namespace", "resourceVersion", "managedFields", "annotations"] {
+            metadata.remove(identity);
+        }
+    }
+    object.to_string()
+}
+
+/// A cached Pod as slimmed (only names, images, readiness and waiting reasons).
+fn pod(template: &Value, mut labels: Value) -> Value {
     let containers: Vec<Value> = template["spec"]["containers"]
         .as_array()
         .into_iter()
@@ -141,11 +163,19 @@ fn pod_text(template: &Value) -> String {
         .iter()
         .map(|container| json!({"name": container["name"], "ready": true, "restartCount": 0, "state": {}}))
         .collect();
-    let status = json!({
-        "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
-        "containerStatuses": statuses, "phase": "Running"
-    });
-    format!("{}{}", json!({"containers": containers}), status)
+    merge(
+        &mut labels,
+        &json!({"apps.kubernetes.io/pod-index": "0", "controller-revision-hash": "orders-7d9f8c6b5", "statefulset.kubernetes.io/pod-name": "orders-0"}),
+    );
+    json!({
+        "metadata": {"generateName": "orders-", "labels": labels, "ownerReferences": [{"apiVersion": "apps/v1", "blockOwnerDeletion": true,
+                     "controller": true, "kind": "StatefulSet", "name": "orders", "uid": "5c1f0e2a-7b7d-4c55-9d3e-2f1b8c9a0d11"}]},
+        "spec": {"containers": containers},
+        "status": {
+            "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+            "containerStatuses": statuses, "phase": "Running"
+        }
+    })
 }
 
 fn stateful_set_defaults() -> Value {
@@ -162,6 +192,7 @@ fn stateful_set_defaults() -> Value {
             "volumeClaimTemplates": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"creationTimestamp": null},
                                       "spec": {"volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}]
         },
+        "metadata": {"generation": 1},
         "status": {"availableReplicas": 1, "collisionCount": 0, "currentReplicas": 1, "currentRevision": "orders-7d9f8c6b5",
                    "observedGeneration": 1, "readyReplicas": 1, "replicas": 1, "updateRevision": "orders-7d9f8c6b5", "updatedReplicas": 1}
     })
@@ -240,12 +271,12 @@ mod tests {
         let passwords = NewPasswords { password: "p".into(), replication_password: "r".into() };
         let mut stateful_set = serde_json::to_value(desired(&database, &inputs, Some(passwords)).stateful_set).unwrap();
         merge(&mut stateful_set, &stateful_set_defaults());
-        let text = stateful_set["spec"].to_string();
+        let text = body(stateful_set);
         let packed = Packed::new(&text);
         assert_eq!(packed.text(), text);
         assert!(
             packed.stored_len() * 5 < text.len(),
-            "a {} B StatefulSet spec packed to {} B",
+            "a {} B StatefulSet packed to {} B",
             text.len(),
             packed.stored_len()
         );
