@@ -152,7 +152,7 @@ impl<K: Serialize + DeserializeOwned> Compact<K> {
         serde_json::from_value(self.to_value()).ok()
     }
 
-    /// Reduces the object as its typed form is reduced ([`super::children::Slim`]), keeping the
+    /// Reduces the object as its typed form is reduced (by `Slim`, in the caches), keeping the
     /// instance label it arrived with (a ConfigMap's labels go into its data's fingerprint).
     pub fn reduce(&mut self, slim: impl FnOnce(&mut K)) {
         if let Some(mut object) = self.expand() {
