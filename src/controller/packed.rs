@@ -131,7 +131,7 @@ pub fn dictionary() -> Vec<u8> {
     texts.concat().into_bytes()
 }
 
-/// The text a [`super::compact::Compact`] packs of an object as served: all but the identity
+/// The text a compact cached object packs of an object as served: all but the identity
 /// fields it keeps typed, and what the caches slim away (managedFields, most annotations).
 fn body(mut object: Value) -> String {
     merge(
