@@ -5,7 +5,7 @@
 //! Every watch is scoped by the managed-by label (and by `--watch-namespace` when given), and each
 //! cached object is slimmed on arrival: managedFields dropped, ConfigMap data replaced by a
 //! fingerprint, pods reduced to what health needs, Secrets watched as metadata only (the operator
-//! never keeps a password in memory after creating it).
+//! never keeps a password in memory after creating it), and all but Secrets packed ([`Compact`]).
 
 use super::compact::Compact;
 use k8s_openapi::api::apps::v1::StatefulSet;
