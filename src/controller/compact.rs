@@ -1,6 +1,7 @@
 //! A compact cached object: of the metadata only what every pass reads without expanding the
 //! object stays typed (name and namespace, the store's key; resourceVersion, which the expectations
-//! compare; the instance label, by which watches map events and passes select children); everything
+//! compare; the DatabaseService it belongs to, by which watches map events and passes select
+//! children: its controlling owner, else its instance label); everything
 //! else (spec, status, data, the rest of the metadata) is one packed JSON object ([`Packed`]: zstd
 //! against a dictionary of the operator's own children). The typed k8s-openapi structs are mostly
 //! empty Options: a StatefulSet costs about 30 KiB in memory as a struct, about 3 KiB as text and a
@@ -11,7 +12,9 @@
 
 use super::names::INSTANCE_LABEL;
 use super::packed::Packed;
+use crate::api::DatabaseService;
 use kube::api::ObjectMeta;
+use kube::Resource;
 use serde::de::{DeserializeOwned, Error as _};
 use serde::ser::{Error as _, SerializeMap};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -23,8 +26,8 @@ use std::marker::PhantomData;
 pub struct Compact<K> {
     /// Name, namespace and resourceVersion; the rest of the metadata is in the packed body.
     pub metadata: ObjectMeta,
-    /// The value of the instance label.
-    instance: Option<Box<str>>,
+    /// The DatabaseService the object belongs to (see [`Compact::database`]).
+    database: Option<Box<str>>,
     /// Every other field, the rest of the metadata included, as one packed JSON object.
     body: Option<Packed>,
     kind: PhantomData<fn() -> K>,
@@ -34,7 +37,7 @@ impl<K> Clone for Compact<K> {
     fn clone(&self) -> Self {
         Self {
             metadata: self.metadata.clone(),
-            instance: self.instance.clone(),
+            database: self.database.clone(),
             body: self.body.clone(),
             kind: PhantomData,
         }
@@ -69,7 +72,8 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
         // Nothing compares managedFields: only fields the operator sets are compared.
         rest.remove("managedFields");
         rest.retain(|_, value| !value.is_null());
-        let instance = rest.get("labels").and_then(|labels| labels.get(INSTANCE_LABEL)?.as_str()).map(Into::into);
+        let database =
+            controlling_database(&rest).or_else(|| rest.get("labels")?.get(INSTANCE_LABEL)?.as_str()).map(Into::into);
         // The kind is the type's; nulls are what absent Options serialize to.
         fields.remove("apiVersion");
         fields.remove("kind");
@@ -78,8 +82,24 @@ impl<'de, K> Deserialize<'de> for Compact<K> {
             fields.insert("metadata".into(), Value::Object(rest));
         }
         let body = (!fields.is_empty()).then(|| Packed::new(&Value::Object(fields).to_string()));
-        Ok(Self { metadata, instance, body, kind: PhantomData })
+        Ok(Self { metadata, database, body, kind: PhantomData })
     }
+}
+
+/// The name of the DatabaseService that controls an object, by its ownerReferences.
+fn controlling_database(metadata: &Map<String, Value>) -> Option<&str> {
+    let group = format!("{}/", DatabaseService::group(&()));
+    metadata
+        .get("ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|reference| {
+            reference["controller"] == Value::Bool(true)
+                && reference["kind"] == "DatabaseService"
+                && reference["apiVersion"].as_str().is_some_and(|version| version.starts_with(&group))
+        })?
+        .get("name")?
+        .as_str()
 }
 
 impl<K> Serialize for Compact<K> {
@@ -130,9 +150,10 @@ impl<K: k8s_openapi::Resource> k8s_openapi::Metadata for Compact<K> {
 }
 
 impl<K> Compact<K> {
-    /// The value of the instance label.
-    pub fn instance(&self) -> Option<&str> {
-        self.instance.as_deref()
+    /// The DatabaseService the object belongs to: its controlling owner (as `owns` would map it),
+    /// else its instance label (pods are owned by the StatefulSet, claims until adopted by nobody).
+    pub fn database(&self) -> Option<&str> {
+        self.database.as_deref()
     }
 }
 
@@ -153,13 +174,13 @@ impl<K: Serialize + DeserializeOwned> Compact<K> {
     }
 
     /// Reduces the object as its typed form is reduced (by `Slim`, in the caches), keeping the
-    /// instance label it arrived with (a ConfigMap's labels go into its data's fingerprint).
+    /// DatabaseService it arrived with (a ConfigMap's labels go into its data's fingerprint).
     pub fn reduce(&mut self, slim: impl FnOnce(&mut K)) {
         if let Some(mut object) = self.expand() {
             slim(&mut object);
-            let instance = self.instance.take();
+            let database = self.database.take();
             *self = Compact::from_object(&object);
-            self.instance = instance;
+            self.database = database;
         }
     }
 }
@@ -208,7 +229,7 @@ mod tests {
                 ..Default::default()
             }
         );
-        assert_eq!(compact.instance(), Some("db"));
+        assert_eq!(compact.database(), Some("db"));
         assert_eq!(compact.to_value()["metadata"]["labels"]["team"], "a");
         assert_eq!(compact.clone().expand(), Some(object));
     }
@@ -223,11 +244,28 @@ mod tests {
         }))
         .unwrap();
         let compact = Compact::from_object(&object);
-        assert_eq!(compact.instance(), Some("db"));
+        assert_eq!(compact.database(), Some("db"));
         assert_eq!(compact.expand(), Some(object));
         assert_eq!(compact.to_value()["data"]["fingerprint"], "0123456789abcdef");
         let empty: Compact<ConfigMap> = serde_json::from_str(r#"{"metadata": {"name": "x"}, "data": null}"#).unwrap();
         assert!(empty.body.is_none());
         assert!(serde_json::from_str::<Compact<ConfigMap>>(r#"{"metadata": 5}"#).is_err());
+    }
+
+    #[test]
+    fn an_object_belongs_to_its_controlling_database_before_its_label() {
+        use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+        let owned = |kind: &str, api_version: &str, controller: bool| {
+            let object: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "data-db-0", "labels": {"app.kubernetes.io/instance": "label-name"},
+                             "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "owner-name", "uid": "u", "controller": controller}]}
+            }))
+            .unwrap();
+            Compact::from_object(&object).database().map(String::from)
+        };
+        assert_eq!(owned("DatabaseService", "dbservice.dev/v1", true).as_deref(), Some("owner-name"));
+        assert_eq!(owned("DatabaseService", "dbservice.dev/v1", false).as_deref(), Some("label-name"));
+        assert_eq!(owned("StatefulSet", "apps/v1", true).as_deref(), Some("label-name"));
+        assert_eq!(owned("DatabaseService", "other.example/v1", true).as_deref(), Some("label-name"));
     }
 }

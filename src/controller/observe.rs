@@ -72,7 +72,7 @@ where
 {
     // Every cached child carries the managed-by label (the watches select by it).
     let mut children = store
-        .state_filter(|child| child.metadata.namespace.as_deref() == Some(namespace) && child.instance() == Some(name));
+        .state_filter(|child| child.metadata.namespace.as_deref() == Some(namespace) && child.database() == Some(name));
     children.sort_by(|left, right| left.metadata.name.cmp(&right.metadata.name));
     children.iter().filter_map(|child| child.expand().map(Arc::new)).collect()
 }

@@ -64,10 +64,10 @@ where
     (reader, stream)
 }
 
-/// The DatabaseService a compact child belongs to, by its instance label: every child carries it,
-/// and owned children's ownerReferences are packed with the rest of their metadata.
-fn instance_of<K>(object: Compact<K>) -> Option<ObjectRef<DatabaseService>> {
-    Some(ObjectRef::new(object.instance()?).within(object.metadata.namespace.as_deref()?))
+/// The DatabaseService a compact child belongs to: its controlling owner, as `owns` maps it (the
+/// ownerReferences themselves are packed), else its instance label.
+fn database_of<K>(object: Compact<K>) -> Option<ObjectRef<DatabaseService>> {
+    Some(ObjectRef::new(object.database()?).within(object.metadata.namespace.as_deref()?))
 }
 
 /// The Controller, the caches it fills, and a subscription to its DatabaseService cache for the
@@ -95,17 +95,17 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
             ChildKind::StatefulSet => {
                 let (store, stream) = cache(watcher(scoped::<Compact<StatefulSet>>(client, namespace), managed()));
                 stores.stateful_sets = Some(store);
-                controller.watches_stream(stream, instance_of)
+                controller.watches_stream(stream, database_of)
             }
             ChildKind::Service => {
                 let (store, stream) = cache(watcher(scoped::<Compact<Service>>(client, namespace), managed()));
                 stores.services = Some(store);
-                controller.watches_stream(stream, instance_of)
+                controller.watches_stream(stream, database_of)
             }
             ChildKind::ConfigMap => {
                 let (store, stream) = cache(watcher(scoped::<Compact<ConfigMap>>(client, namespace), managed()));
                 stores.config_maps = Some(store);
-                controller.watches_stream(stream, instance_of)
+                controller.watches_stream(stream, database_of)
             }
             ChildKind::Secret => {
                 // Metadata only: passwords never sit in the operator's memory.
@@ -116,13 +116,13 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
             ChildKind::Pod => {
                 let (store, stream) = cache(watcher(scoped::<Compact<Pod>>(client, namespace), managed()));
                 stores.pods = Some(store);
-                controller.watches_stream(stream, instance_of)
+                controller.watches_stream(stream, database_of)
             }
             ChildKind::PersistentVolumeClaim => {
                 let (store, stream) =
                     cache(watcher(scoped::<Compact<PersistentVolumeClaim>>(client, namespace), managed()));
                 stores.claims = Some(store);
-                controller.watches_stream(stream, instance_of)
+                controller.watches_stream(stream, database_of)
             }
         };
     }
