@@ -6,8 +6,8 @@
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use dbservice_operator::admission::webhook::{admission_router, AdmissionState};
 use dbservice_operator::metrics::Metrics;
-use dbservice_operator::webhook::{admission_router, AdmissionState};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;

@@ -6,10 +6,10 @@
 //!
 //!     cargo bench --bench cache-memory
 
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::controller::build::{desired, NewPasswords, WorkloadInputs};
-use dbservice_operator::controller::children::Slim;
-use dbservice_operator::controller::compact::Compact;
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::operator::caches::compact::Compact;
+use dbservice_operator::operator::caches::Slim;
+use dbservice_operator::operator::database::build::{desired, NewPasswords, WorkloadInputs};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::PartialObjectMeta;

@@ -1,5 +1,6 @@
 //! Command line: every flag has an environment variable and a default.
 
+use crate::instance::args::{InstallBinaryArgs, InstanceArgs};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -31,119 +32,22 @@ pub enum Command {
     /// Instance agent commands, run inside a PostgreSQL pod.
     Instance(InstanceArgs),
     /// PostgreSQL's archive_command: `wal-archive %p %f` uploads one WAL file to the object store.
-    WalArchive(crate::backup::config::WalArchiveArgs),
+    WalArchive(crate::store::config::WalArchiveArgs),
     /// PostgreSQL's restore_command: `wal-restore %f %p` downloads one WAL file from the object store.
-    WalRestore(crate::backup::config::WalRestoreArgs),
+    WalRestore(crate::store::config::WalRestoreArgs),
     /// Take one base backup: pg_basebackup streamed, compressed, to the object store.
-    Backup(crate::backup::config::BaseBackupArgs),
+    Backup(crate::store::config::BaseBackupArgs),
     /// Fill an empty data directory from a base backup, set up to recover to a target.
-    Restore(crate::backup::config::RestoreArgs),
+    Restore(crate::store::config::RestoreArgs),
     /// List the base backups in the object store and the recoverable window (JSON).
-    BackupList(crate::backup::config::ListBackupsArgs),
+    BackupList(crate::store::config::ListBackupsArgs),
     /// Delete base backups and WAL outside a retention window, nothing a kept backup needs.
-    BackupPrune(crate::backup::config::PruneBackupsArgs),
+    BackupPrune(crate::store::config::PruneBackupsArgs),
     /// List a DatabaseService's base backups and recoverable window (reads its spec.backup store).
     Backups(LedgerArgs),
     /// Copy this binary into DIRECTORY (an init container brings it into PostgreSQL pods this
     /// way: the operator image has no shell to copy with).
     InstallBinary(InstallBinaryArgs),
-}
-
-/// Flags of `install-binary`.
-#[derive(Debug, Args, Clone)]
-pub struct InstallBinaryArgs {
-    /// Directory to put `dbservice-operator` in.
-    pub directory: PathBuf,
-}
-
-/// Flags of `instance`.
-#[derive(Debug, Args, Clone)]
-pub struct InstanceArgs {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: InstanceCommand,
-}
-
-/// Subcommands of `instance`.
-// Parsed once at start-up: the size difference between variants does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Subcommand, Clone)]
-pub enum InstanceCommand {
-    /// Print the local PostgreSQL's role, timeline and WAL positions as one JSON line.
-    Status(InstanceStatusArgs),
-    /// Supervise PostgreSQL in its pod: role from the primary Lease, report on the pod, promote,
-    /// demote, rewind, fence (the postgres container's main process).
-    Run(InstanceRunArgs),
-}
-
-/// Flags of `instance run` (the pod template sets them through the environment).
-#[derive(Debug, Args, Clone)]
-pub struct InstanceRunArgs {
-    /// This instance: the pod's name.
-    #[arg(long, env = "POD_NAME")]
-    pub pod: String,
-    /// Namespace of the pod and its DatabaseService.
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub namespace: String,
-    /// Name of the DatabaseService.
-    #[arg(long, env = "DBSERVICE_DATABASE")]
-    pub database: String,
-    /// Data directory.
-    #[arg(long, env = "PGDATA")]
-    pub pgdata: PathBuf,
-    /// Directory of postgres, pg_ctl, pg_rewind, pg_basebackup and pg_controldata.
-    #[arg(long, env = "PG_BIN", default_value = "/usr/lib/postgresql/15/bin")]
-    pub pg_bin: PathBuf,
-    /// PostgreSQL port.
-    #[arg(long, env = "PGPORT", default_value_t = 5432)]
-    pub port: u16,
-    /// Unix socket directory.
-    #[arg(long, env = "PG_SOCKET_DIR", default_value = "/var/run/postgresql")]
-    pub socket_dir: PathBuf,
-    /// Superuser of the local connection (over the socket).
-    #[arg(long, env = "POSTGRES_USER")]
-    pub superuser: String,
-    /// Role standbys stream, clone and rewind with (its password: REPLICATION_PASSWORD, environment only).
-    #[arg(long, env = "REPLICATION_USER")]
-    pub replication_user: String,
-    /// wal_keep_size: WAL kept for standbys and for pg_rewind.
-    #[arg(long, env = "WAL_KEEP_SIZE", default_value = "256MB")]
-    pub wal_keep_size: String,
-    /// max_wal_senders.
-    #[arg(long, env = "MAX_WAL_SENDERS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub max_wal_senders: u32,
-    /// Script run as `bash SCRIPT initialize` to create the first data directory (initdb).
-    #[arg(long, env = "DBSERVICE_INITIALIZE_SCRIPT", default_value = "/scripts/entrypoint.sh")]
-    pub initialize_script: PathBuf,
-    /// Milliseconds between two agent steps (local checks; API reads of the DatabaseService).
-    #[arg(long, env = "DBSERVICE_INSTANCE_TICK_MILLISECONDS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(100..=10_000))]
-    pub tick_milliseconds: u64,
-    /// Primary Lease duration in seconds.
-    #[arg(long, env = "DBSERVICE_PRIMARY_LEASE_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=300))]
-    pub lease_seconds: u64,
-    /// Primary Lease renew deadline in seconds (the holder fences itself after it).
-    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_DEADLINE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=300))]
-    pub renew_deadline_seconds: u64,
-    /// Primary Lease renew period in seconds: the only periodic API write of a database.
-    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_PERIOD_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
-    pub renew_period_seconds: u64,
-}
-
-/// Flags of `instance status`.
-#[derive(Debug, Args, Clone)]
-pub struct InstanceStatusArgs {
-    /// Unix socket directory of the local server.
-    #[arg(long, env = "PG_SOCKET_DIR", default_value = "/var/run/postgresql")]
-    pub socket_dir: PathBuf,
-    /// Port of the local server.
-    #[arg(long, env = "PGPORT", default_value_t = 5432)]
-    pub port: u16,
-    /// Role to connect as (local trust or peer authentication).
-    #[arg(long, env = "POSTGRES_USER", default_value = "postgres")]
-    pub user: String,
-    /// Seconds to wait for an answer.
-    #[arg(long, env = "DBSERVICE_INSTANCE_TIMEOUT_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
-    pub timeout_seconds: u64,
 }
 
 /// Log output format.
@@ -178,10 +82,10 @@ pub struct WebhookArgs {
     #[arg(long, env = "DBSERVICE_MIN_STORAGE_SIZE", default_value = "1Gi", value_parser = quantity)]
     pub min_storage_size: String,
     /// Connections open at once to the admission port; more clients wait in the listen backlog.
-    #[arg(long, env = "DBSERVICE_MAX_CONNECTIONS", default_value_t = crate::webhook::limits::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
+    #[arg(long, env = "DBSERVICE_MAX_CONNECTIONS", default_value_t = crate::admission::limits::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
     pub max_connections: usize,
     /// Admission requests parsed and decided at once; others wait (within the request timeout).
-    #[arg(long, env = "DBSERVICE_MAX_CONCURRENT_REQUESTS", default_value_t = crate::webhook::limits::DEFAULT_MAX_CONCURRENT_REQUESTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    #[arg(long, env = "DBSERVICE_MAX_CONCURRENT_REQUESTS", default_value_t = crate::admission::limits::DEFAULT_MAX_CONCURRENT_REQUESTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub max_concurrent_requests: usize,
     /// Log format.
     #[arg(long, env = "DBSERVICE_LOG_FORMAT", value_enum, default_value = "text")]

@@ -63,7 +63,7 @@ pub const NOT_LEADER: &str = "not the leader: write refused";
 ///   long-running and few, and must never wait behind a burst).
 #[derive(Clone, Debug)]
 pub struct CallGuardLayer {
-    /// True while this process leads (from [`crate::leader::LeaderElection::spawn`]); None for a
+    /// True while this process leads (from [`crate::operator::leader::LeaderElection::spawn`]); None for a
     /// client that never writes on a leader's behalf.
     leader: Option<watch::Receiver<bool>>,
     calls_in_flight: Arc<Semaphore>,

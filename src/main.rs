@@ -1,5 +1,6 @@
+use dbservice_operator::api::crd;
 use dbservice_operator::cli::{Cli, Command, LogFormat, RunArgs};
-use dbservice_operator::{crd, run, telemetry};
+use dbservice_operator::{run, telemetry};
 
 /// mimalloc instead of the C library's allocator: the shipped binary is static musl, whose
 /// allocator held the HTTPS webhook to ~9,000 requests/s (~26,000 with mimalloc) and doubled the
@@ -46,7 +47,7 @@ async fn main() {
             run::webhook(args).await
         }
         Some(Command::Crd(args)) => {
-            use dbservice_operator::backup::controller::api as backup_api;
+            use dbservice_operator::api::database_service_backup as backup_api;
             use dbservice_operator::cli::CrdKind;
             print!(
                 "{}",
@@ -66,20 +67,20 @@ async fn main() {
         }
         Some(Command::InstallBinary(args)) => dbservice_operator::instance::run::install_binary(&args),
         Some(Command::WalArchive(args)) => {
-            dbservice_operator::backup::wal::archive_command(args).await.map_err(Into::into)
+            dbservice_operator::store::wal::archive_command(args).await.map_err(Into::into)
         }
         Some(Command::WalRestore(args)) => {
-            dbservice_operator::backup::wal::restore_command(args).await.map_err(Into::into)
+            dbservice_operator::store::wal::restore_command(args).await.map_err(Into::into)
         }
-        Some(Command::Backup(args)) => dbservice_operator::backup::base::backup_command(args).await.map_err(Into::into),
+        Some(Command::Backup(args)) => dbservice_operator::store::base::backup_command(args).await.map_err(Into::into),
         Some(Command::Restore(args)) => {
-            dbservice_operator::backup::restore::restore_command(args).await.map_err(Into::into)
+            dbservice_operator::store::restore::restore_command(args).await.map_err(Into::into)
         }
         Some(Command::BackupList(args)) => {
-            dbservice_operator::backup::catalog::list_command(args).await.map_err(Into::into)
+            dbservice_operator::store::commands::list_command(args).await.map_err(Into::into)
         }
         Some(Command::BackupPrune(args)) => {
-            dbservice_operator::backup::catalog::prune_command(args).await.map_err(Into::into)
+            dbservice_operator::store::commands::prune_command(args).await.map_err(Into::into)
         }
         Some(Command::Backups(args)) => run::backups(args).await,
         Some(Command::Ledger(args)) => {

@@ -1,14 +1,16 @@
 //! Wiring of the subcommands: the admission server alone, or everything (`run`).
 
-use crate::certificates::managed::ManagedCertificates;
+use crate::admission::certificates::ManagedCertificates;
+use crate::admission::limits::{RequestLimits, ServerLimits};
+use crate::admission::server::{bind, serve_plain, serve_tls};
+use crate::admission::tls::{install_crypto_provider, ReloadingCertificate};
+use crate::admission::webhook::{admission_router, probe_router, AdmissionState, Readiness};
 use crate::cli::{CertsArgs, LedgerArgs, RunArgs, WebhookArgs};
-use crate::controller::{self, ControllerSettings};
-use crate::leader::LeaderElection;
 use crate::metrics::Metrics;
-use crate::webhook::limits::{RequestLimits, ServerLimits};
-use crate::webhook::server::{bind, serve_plain, serve_tls};
-use crate::webhook::tls::{install_crypto_provider, ReloadingCertificate};
-use crate::webhook::{admission_router, probe_router, AdmissionState, Readiness};
+use crate::operator::context::Context;
+use crate::operator::database::settings::ControllerSettings;
+use crate::operator::leader::LeaderElection;
+use crate::operator::wiring::{recorder, run_while_leader};
 use anyhow::Context as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +50,7 @@ async fn start_servers(
         .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
         .with_limits(RequestLimits::new(args.max_concurrent_requests));
     if let Some(client) = client {
-        state = state.with_recovery_sources(Arc::new(crate::webhook::recovery_source::KubeStoreReader::new(client)));
+        state = state.with_recovery_sources(Arc::new(crate::admission::recovery_source::KubeStoreReader::new(client)));
     }
     let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;
@@ -119,9 +121,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let (leader, election_task) = election.spawn(&config, metrics.clone(), shutdown.clone())?;
     let client = crate::client::client(&config, Some(leader.clone()), &metrics)?;
-    let context = Arc::new(controller::Context {
+    let context = Arc::new(Context {
         client: client.clone(),
-        recorder: controller::recorder(client.clone(), &args.identity),
+        recorder: recorder(client.clone(), &args.identity),
         metrics: metrics.clone(),
         settings: ControllerSettings {
             min_storage_size: args.webhook.min_storage_size.clone(),
@@ -136,7 +138,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
         },
     });
-    let controller_task = tokio::spawn(controller::run_while_leader(client, context, leader, shutdown.clone()));
+    let controller_task = tokio::spawn(run_while_leader(client, context, leader, shutdown.clone()));
     let _ = shutdown.wait_for(|stop| *stop).await;
     readiness.set(false);
     // The Lease is released first so that a successor takes over at once.
@@ -171,14 +173,14 @@ pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
 pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
     install_crypto_provider();
     let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
-    Ok(crate::backup::inventory::print_backups(client, &args.namespace, &args.name).await?)
+    Ok(crate::store::inventory::print_backups(client, &args.namespace, &args.name).await?)
 }
 
 /// `dbservice-operator ledger NAME -n NAMESPACE`.
 pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
-    use crate::api::DatabaseService;
-    use crate::controller::build::ChildNames;
-    use crate::controller::ledger::{parse, render_table, LEDGER_KEY};
+    use crate::api::database_service::DatabaseService;
+    use crate::operator::database::build::ChildNames;
+    use crate::operator::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     install_crypto_provider();
     let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;

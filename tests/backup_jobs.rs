@@ -1,15 +1,13 @@
 //! Pure tests of the backup controller: the Job built for a backup object (from the fixtures in
 //! tests/fixtures/backup), the status read from a finished Job, and the scheduler's choice.
 
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::backup::controller::api::{BackupPhase, BackupTarget, DatabaseServiceBackup};
-use dbservice_operator::backup::controller::job::{
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::database_service_backup::{BackupPhase, BackupTarget, DatabaseServiceBackup};
+use dbservice_operator::operator::backup::job::{
     backup_job, job_name, BuildBackupJobError, BACKUP_DEADLINE_SECONDS, COMPONENT_LABEL, DATABASE_LABEL,
 };
-use dbservice_operator::backup::controller::scheduler::{
-    next_scheduled_run, scheduled_backup, SCHEDULED_AT_ANNOTATION,
-};
-use dbservice_operator::backup::controller::status::{finished_status, job_outcome, termination_message, JobOutcome};
+use dbservice_operator::operator::backup::scheduler::{next_scheduled_run, scheduled_backup, SCHEDULED_AT_ANNOTATION};
+use dbservice_operator::operator::backup::status::{finished_status, job_outcome, termination_message, JobOutcome};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod};
 use std::path::Path;
@@ -222,7 +220,7 @@ fn the_scheduler_creates_one_backup_for_the_latest_missed_cron_time_and_waits_fo
     assert_eq!(next_scheduled_run(&database, &[pending], at("2026-12-02T01:00:10Z")), None);
     // Finished: nothing is due until the next cron time, then exactly that one.
     let mut done = created;
-    done.status = Some(dbservice_operator::backup::controller::api::DatabaseServiceBackupStatus {
+    done.status = Some(dbservice_operator::api::database_service_backup::DatabaseServiceBackupStatus {
         phase: Some(BackupPhase::Failed),
         ..Default::default()
     });

@@ -121,8 +121,8 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     assert_eq!(backup["postgresMajorVersion"], 15);
     assert_eq!(backup["fromStandby"], false);
     assert_eq!(backup["compression"], "zstd");
-    let begin: dbservice_operator::backup::lsn::Lsn = backup["beginLsn"].as_str().unwrap().parse().unwrap();
-    let end: dbservice_operator::backup::lsn::Lsn = backup["endLsn"].as_str().unwrap().parse().unwrap();
+    let begin: dbservice_operator::lsn::Lsn = backup["beginLsn"].as_str().unwrap().parse().unwrap();
+    let end: dbservice_operator::lsn::Lsn = backup["endLsn"].as_str().unwrap().parse().unwrap();
     assert!(begin < end, "begin {begin} must precede end {end}");
     let (size, stored) = (backup["sizeBytes"].as_u64().unwrap(), backup["storedBytes"].as_u64().unwrap());
     assert!(size > 20 * 1024 * 1024 && stored < size / 2, "size {size}, stored {stored}: not a compressed cluster");

@@ -1,10 +1,10 @@
-//! Pure tests of `controller::build`: the child objects built from the DatabaseService fixtures in
+//! Pure tests of `operator::database::build`: the child objects built from the DatabaseService fixtures in
 //! `tests/fixtures/build/*.yaml` (one object per file, as stored, with a uid).
 
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::controller::build::{
-    credentials_secret, generate_password, scripts_config_map, services, stateful_set, WorkloadInputs, POSTGRES_PORT,
-    RESTART_ANNOTATION,
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::pod::{POSTGRES_PORT, RESTART_ANNOTATION};
+use dbservice_operator::operator::database::build::{
+    credentials_secret, generate_password, scripts_config_map, services, stateful_set, WorkloadInputs,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Probe};

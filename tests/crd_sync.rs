@@ -2,7 +2,7 @@
 //! from the Rust types; these tests fail when the two drift apart and check the parts of the CRD
 //! that users and the apiserver rely on.
 
-use dbservice_operator::crd::{crd_spec_yaml, custom_resource_definition};
+use dbservice_operator::api::crd::{crd_spec_yaml, custom_resource_definition};
 use serde_json::Value;
 use std::path::Path;
 
@@ -32,7 +32,7 @@ fn chart_crd_spec_is_generated_from_the_rust_types() {
                     generated.lines().count()
                 )
             });
-        panic!("{CHART_CRD_SPEC} is out of date with src/api.rs and src/crd.rs ({first_difference}); regenerate it with `{REGENERATE}` (or `make crd`)");
+        panic!("{CHART_CRD_SPEC} is out of date with src/api/database_service.rs and src/api/crd.rs ({first_difference}); regenerate it with `{REGENERATE}` (or `make crd`)");
     }
 }
 
@@ -158,14 +158,17 @@ fn crd_schema_defaults_and_ranges_match_the_api() {
     assert_eq!(required, vec!["databaseName", "storageSize", "username", "version"]);
 }
 
-/// The operator's own YAML writer (src/yaml.rs) says exactly what the CRD types hold, read back
+/// The operator's own YAML writer (src/api/yaml.rs) says exactly what the CRD types hold, read back
 /// by a YAML parser.
 #[test]
 fn crd_yaml_reads_back_as_the_crd() {
-    use dbservice_operator::backup::controller::api as backup;
+    use dbservice_operator::api::database_service_backup as backup;
     let read = |text: String| serde_saphyr::from_str::<Value>(&text).unwrap();
     assert_eq!(read(crd_spec_yaml()), serde_json::to_value(custom_resource_definition().spec).unwrap());
-    assert_eq!(read(dbservice_operator::crd::crd_yaml()), serde_json::to_value(custom_resource_definition()).unwrap());
+    assert_eq!(
+        read(dbservice_operator::api::crd::crd_yaml()),
+        serde_json::to_value(custom_resource_definition()).unwrap()
+    );
     assert_eq!(read(backup::crd_spec_yaml()), serde_json::to_value(backup::custom_resource_definition().spec).unwrap());
 }
 
@@ -208,13 +211,13 @@ const CHART_BACKUP_CRD_SPEC: &str = "charts/dbservice-operator/files/backup-crd-
 /// The backup CRD in the chart is generated too, and `make crd` regenerates it.
 #[test]
 fn chart_backup_crd_spec_is_generated_from_the_rust_types() {
-    use dbservice_operator::backup::controller::api::crd_spec_yaml as backup_crd_spec_yaml;
+    use dbservice_operator::api::database_service_backup::crd_spec_yaml as backup_crd_spec_yaml;
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CHART_BACKUP_CRD_SPEC);
     let in_chart = std::fs::read_to_string(&path)
         .unwrap_or_else(|error| panic!("cannot read {CHART_BACKUP_CRD_SPEC} ({error}); run `make crd`"));
     assert!(
         in_chart == backup_crd_spec_yaml(),
-        "{CHART_BACKUP_CRD_SPEC} is out of date with src/backup/controller/api.rs; regenerate it with `make crd`"
+        "{CHART_BACKUP_CRD_SPEC} is out of date with src/api/database_service_backup.rs; regenerate it with `make crd`"
     );
     let makefile = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Makefile")).unwrap();
     assert!(
@@ -228,7 +231,7 @@ fn chart_backup_crd_spec_is_generated_from_the_rust_types() {
 /// the backup CRD.
 #[test]
 fn backup_crd_names_status_columns_and_rules() {
-    use dbservice_operator::backup::controller::api::custom_resource_definition;
+    use dbservice_operator::api::database_service_backup::custom_resource_definition;
     let crd = serde_json::to_value(custom_resource_definition()).unwrap();
     assert_eq!(crd["metadata"]["name"], "databaseservicebackups.dbservice.dev");
     assert_eq!(crd["spec"]["scope"], "Namespaced");

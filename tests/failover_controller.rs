@@ -1,14 +1,15 @@
 //! The controller's failover step (pure): how pods, their agents' reports and the persisted
 //! status turn into the primary label, the status and the journal. The decision rules themselves
-//! are tabled in src/failover/tests.rs; this checks the mapping from what the controller observes.
+//! are tabled in src/operator/database/failover/tests.rs; this checks the mapping from what the controller observes.
 
 use chrono::{TimeZone, Utc};
-use dbservice_operator::api::{DatabaseService, DatabaseServiceStatus};
-use dbservice_operator::controller::failover::{decide_failover, FailoverInput, FailoverOutcome};
-use dbservice_operator::controller::health::pod_health;
-use dbservice_operator::controller::journal::Journal;
-use dbservice_operator::failover::lease::LeaseRecord;
-use dbservice_operator::failover::{FailoverStatus, InstanceReport, Lsn, Role, INSTANCE_REPORT_ANNOTATION, PENDING};
+use dbservice_operator::api::database_service::{DatabaseService, DatabaseServiceStatus};
+use dbservice_operator::api::failover::{FailoverStatus, InstanceReport, Role, INSTANCE_REPORT_ANNOTATION, PENDING};
+use dbservice_operator::lease::LeaseRecord;
+use dbservice_operator::lsn::Lsn;
+use dbservice_operator::operator::database::failover::pass::{decide_failover, FailoverInput, FailoverOutcome};
+use dbservice_operator::operator::database::pod_health::pod_health;
+use dbservice_operator::operator::journal::Journal;
 use k8s_openapi::api::core::v1::Pod;
 use std::sync::Arc;
 
@@ -119,8 +120,8 @@ fn a_gone_primary_starts_a_failover_without_a_primary_label_and_releases_its_lea
 fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
     let mut status = settled("db-0", Some(1));
     status.target_primary = Some("db-1".into());
-    status.transition = Some(dbservice_operator::failover::Transition {
-        kind: dbservice_operator::failover::TransitionKind::Switchover,
+    status.transition = Some(dbservice_operator::api::failover::Transition {
+        kind: dbservice_operator::api::failover::TransitionKind::Switchover,
         from: "db-0".into(),
         started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
     });
@@ -142,5 +143,5 @@ fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
 fn a_malformed_report_counts_as_none() {
     let mut broken = (*pod("db-0", true, None)).clone();
     broken.metadata.annotations = Some([(INSTANCE_REPORT_ANNOTATION.to_string(), "{not json".to_string())].into());
-    assert_eq!(dbservice_operator::controller::failover::report_of(&broken), None);
+    assert_eq!(dbservice_operator::operator::database::failover::pass::report_of(&broken), None);
 }

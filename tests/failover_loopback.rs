@@ -8,8 +8,10 @@
 #[path = "support/loopback.rs"]
 mod loopback;
 
-use dbservice_operator::failover::{Action, FailoverSettings, Lsn, TransitionKind};
+use dbservice_operator::api::failover::{FailoverSettings, TransitionKind};
 use dbservice_operator::instance::RELEASED_WAL_WAIT;
+use dbservice_operator::lsn::Lsn;
+use dbservice_operator::operator::database::failover::Action;
 use loopback::{postmaster_alive, signal_postgres, Cluster};
 use std::time::{Duration, Instant};
 
@@ -260,7 +262,7 @@ async fn instance_status_command_reports_role_timeline_and_positions() {
         assert_eq!(json["inRecovery"], in_recovery, "{json}");
         assert_eq!(json["timeline"], 1, "{json}");
         let position = if in_recovery { "receivedLsn" } else { "currentLsn" };
-        let lsn: dbservice_operator::failover::Lsn = json[position].as_str().expect(position).parse().unwrap();
+        let lsn: dbservice_operator::lsn::Lsn = json[position].as_str().expect(position).parse().unwrap();
         assert!(lsn.0 > 0, "{json}");
         assert_eq!(json["streaming"], in_recovery, "{json}");
     }

@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use dbservice_operator::client::{client, NOT_LEADER};
-use dbservice_operator::leader::LeaderElection;
 use dbservice_operator::metrics::Metrics;
+use dbservice_operator::operator::leader::LeaderElection;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -158,7 +158,7 @@ async fn wait_until(what: &str, leader: &mut watch::Receiver<bool>, leading: boo
 /// Leads, then the apiserver turns to `mode`: returns how long before the Lease could be taken
 /// by someone else the holder stopped leading (negative would be split brain).
 async fn margin_before_lease_is_free(mode: Mode) -> Duration {
-    dbservice_operator::webhook::tls::install_crypto_provider();
+    dbservice_operator::admission::tls::install_crypto_provider();
     let (server, config) = start_fake().await;
     let election = LeaderElection {
         namespace: NAMESPACE.into(),
@@ -214,7 +214,7 @@ async fn holder_steps_down_before_the_lease_is_free_when_renewals_hang() {
 /// leadership never lasts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_keeps_leading_while_renewals_succeed() {
-    dbservice_operator::webhook::tls::install_crypto_provider();
+    dbservice_operator::admission::tls::install_crypto_provider();
     let (_server, config) = start_fake().await;
     let election = LeaderElection {
         namespace: NAMESPACE.into(),
@@ -231,7 +231,7 @@ async fn holder_keeps_leading_while_renewals_succeed() {
 
 #[tokio::test]
 async fn writes_are_refused_when_not_leading_and_cancelled_on_step_down() {
-    dbservice_operator::webhook::tls::install_crypto_provider();
+    dbservice_operator::admission::tls::install_crypto_provider();
     let (_server, config) = start_fake().await;
     let (leading, leader) = watch::channel(false);
     let gated =

@@ -1,34 +1,134 @@
-//! The controller's modules import one another without circles: a module names what it uses with
-//! `super::x` or `crate::controller::x`, and following those names never leads back to itself.
+//! The house plan, enforced: the crate's top-level modules form one-way layers (a module imports
+//! only from its own layer or the ones below) and no module imports itself back through others.
+//!
+//! Imports are read from the code the binary runs: `crate::…` and `super::…` paths outside
+//! comments and outside `#[cfg(test)]` sections (unit tests may reach anywhere).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-fn imports() -> BTreeMap<String, BTreeSet<String>> {
-    let directory = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controller");
-    let modules: BTreeSet<String> = std::fs::read_dir(&directory)
-        .unwrap()
-        .filter_map(|entry| entry.ok()?.path().file_stem()?.to_str().map(String::from))
-        .filter(|name| name != "mod" && name != "scripts")
-        .collect();
-    let mut graph = BTreeMap::new();
-    for module in &modules {
-        let text = std::fs::read_to_string(directory.join(format!("{module}.rs"))).unwrap();
-        // Unit tests may reach anywhere; only the code the binary runs counts.
-        let code = text.split("#[cfg(test)]").next().unwrap();
-        let mut used = BTreeSet::new();
-        for prefix in ["super::", "crate::controller::"] {
-            for (index, _) in code.match_indices(prefix) {
-                let rest = &code[index + prefix.len()..];
-                let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                if modules.contains(&name) && &name != module {
-                    used.insert(name);
+/// The layers, lowest first. A new top-level module must be placed here.
+const LAYERS: &[&[&str]] = &[
+    &["quantity", "lsn", "schedule", "lease", "certificates"],
+    &["metrics", "client"],
+    &["api"],
+    &["store"],
+    &["admission"],
+    &["operator"],
+    &["instance"],
+    &["cli", "telemetry", "run"],
+];
+
+/// Module path (`operator::database::build`) → file, for every file under `src/` but the roots.
+fn modules() -> BTreeMap<String, String> {
+    fn walk(directory: &Path, prefix: &[String], out: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(directory).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_str().unwrap().to_string();
+            if path.is_dir() {
+                let mut inner = prefix.to_vec();
+                inner.push(name);
+                walk(&path, &inner, out);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                let mut module = prefix.to_vec();
+                if name != "mod" {
+                    module.push(name);
+                }
+                if !module.is_empty() && !(prefix.is_empty() && (module[0] == "lib" || module[0] == "main")) {
+                    out.insert(module.join("::"), path.to_str().unwrap().to_string());
                 }
             }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &[], &mut out);
+    out
+}
+
+/// The code of a file that the binary runs: no comments, nothing after the first `#[cfg(test)]`.
+fn running_code(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap();
+    code.lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string literal (a URL) is rare here and only hides text, never adds it.
+            Some(start) => &line[..start],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The longest known module that `segments` starts with.
+fn resolve(segments: &[&str], known: &BTreeMap<String, String>) -> Option<String> {
+    (1..=segments.len()).rev().map(|length| segments[..length].join("::")).find(|module| known.contains_key(module))
+}
+
+/// File-level imports: module → modules it names.
+fn imports(known: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph = BTreeMap::new();
+    for (module, file) in known {
+        let code = running_code(&std::fs::read_to_string(file).unwrap());
+        let own: Vec<&str> = module.split("::").collect();
+        let mut used = BTreeSet::new();
+        let bytes = code.as_bytes();
+        let mut index = 0;
+        while index < code.len() {
+            let rest = &code[index..];
+            let preceded_by_word = index > 0
+                && (bytes[index - 1].is_ascii_alphanumeric() || bytes[index - 1] == b'_' || bytes[index - 1] == b':');
+            let base: Option<(Vec<&str>, usize)> = if preceded_by_word {
+                None
+            } else if rest.starts_with("crate::") {
+                Some((Vec::new(), "crate::".len()))
+            } else if rest.starts_with("super::") {
+                // `super` is the parent module, for a file module and for a directory's mod.rs alike.
+                let mut count = 0;
+                let mut length = 0;
+                while rest[length..].starts_with("super::") {
+                    count += 1;
+                    length += "super::".len();
+                }
+                Some((own[..own.len().saturating_sub(count)].to_vec(), length))
+            } else {
+                None
+            };
+            let Some((prefix, skip)) = base else {
+                index += rest.chars().next().map_or(1, char::len_utf8);
+                continue;
+            };
+            let path: String =
+                rest[skip..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+            let mut segments = prefix.clone();
+            segments.extend(path.split("::").filter(|segment| !segment.is_empty()));
+            if let Some(target) = resolve(&segments, known) {
+                // A module naming its own items or its own submodules is not an import.
+                if target != *module && !target.starts_with(&format!("{module}::")) {
+                    used.insert(target);
+                }
+            }
+            index += skip + path.len();
         }
         graph.insert(module.clone(), used);
     }
     graph
+}
+
+fn layer_of(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap();
+    LAYERS.iter().position(|layer| layer.contains(&top))
+}
+
+/// Imports that go from a lower layer to a higher one: (importer, imported).
+fn upward_imports(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (module, used) in graph {
+        for target in used {
+            if layer_of(target) > layer_of(module) {
+                found.push((module.clone(), target.clone()));
+            }
+        }
+    }
+    found
 }
 
 fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
@@ -47,7 +147,7 @@ fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>
             return None;
         }
         path.push(node.to_string());
-        for next in &graph[node] {
+        for next in graph.get(node).into_iter().flatten() {
             if let Some(circle) = visit(next, graph, path, done) {
                 return Some(circle);
             }
@@ -61,21 +161,63 @@ fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>
 }
 
 #[test]
-fn controller_modules_import_each_other_without_circles() {
-    let graph = imports();
-    assert!(graph.len() > 10, "found the controller modules: {:?}", graph.keys());
+fn every_top_level_module_has_a_layer() {
+    let known = modules();
+    let unplaced: BTreeSet<&str> =
+        known.keys().map(|module| module.split("::").next().unwrap()).filter(|top| layer_of(top).is_none()).collect();
+    assert!(unplaced.is_empty(), "top-level modules missing from LAYERS in tests/module_graph.rs: {unplaced:?}");
+    assert!(known.len() > 100, "found the crate's modules: {}", known.len());
+}
+
+#[test]
+fn no_module_imports_from_a_higher_layer() {
+    let graph = imports(&modules());
+    let upward = upward_imports(&graph);
+    assert!(
+        upward.is_empty(),
+        "imports from a lower layer into a higher one (see LAYERS):\n{}",
+        upward.iter().map(|(from, to)| format!("  {from} -> {to}")).collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn modules_import_each_other_without_circles() {
+    let graph = imports(&modules());
+    assert!(graph.values().map(BTreeSet::len).sum::<usize>() > 200, "read the imports");
     if let Some(circle) = find_circle(&graph) {
-        panic!("import circle in src/controller: {}", circle.join(" -> "));
+        panic!("import circle: {}", circle.join(" -> "));
     }
+}
+
+fn graph_of(edges: &[(&str, &str)]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in edges {
+        graph.entry(from.to_string()).or_default().insert(to.to_string());
+        graph.entry(to.to_string()).or_default();
+    }
+    graph
 }
 
 #[test]
 fn a_circle_is_found_when_there_is_one() {
-    let graph: BTreeMap<String, BTreeSet<String>> = [
-        ("a".to_string(), BTreeSet::from(["b".to_string()])),
-        ("b".to_string(), BTreeSet::from(["c".to_string()])),
-        ("c".to_string(), BTreeSet::from(["a".to_string()])),
-    ]
-    .into();
+    let graph = graph_of(&[("a", "b"), ("b", "c"), ("c", "a")]);
     assert_eq!(find_circle(&graph), Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]));
+    assert_eq!(find_circle(&graph_of(&[("a", "b"), ("b", "c")])), None);
+}
+
+#[test]
+fn an_upward_import_is_found_and_a_downward_one_is_not() {
+    let graph = graph_of(&[("api::names", "operator::caches"), ("operator::caches", "api::names")]);
+    assert_eq!(upward_imports(&graph), [("api::names".to_string(), "operator::caches".to_string())]);
+}
+
+#[test]
+fn imports_are_read_from_paths_outside_comments_and_tests() {
+    let known: BTreeMap<String, String> =
+        ["api", "api::names", "operator", "operator::caches"].iter().map(|m| (m.to_string(), String::new())).collect();
+    let code = running_code(
+        "use crate::api::names::labels; // crate::operator::caches\n/// [`crate::operator`]\nfn f() {}\n#[cfg(test)]\nuse crate::operator::caches;",
+    );
+    assert!(code.contains("crate::api::names") && !code.contains("operator"));
+    assert_eq!(resolve(&["api", "names", "labels"], &known).as_deref(), Some("api::names"));
 }

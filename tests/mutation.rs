@@ -7,8 +7,8 @@
 #[path = "support/fixtures.rs"]
 mod fixtures;
 
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::mutation::default_patch;
+use dbservice_operator::admission::mutation::default_patch;
+use dbservice_operator::api::database_service::DatabaseService;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -94,11 +94,11 @@ spec: {version: "18.1", storageSize: 10Gi, databaseName: app, username: app_user
     json_patch::patch(&mut document, &patch).unwrap();
     let patched: DatabaseService = serde_json::from_value(document).unwrap();
     assert_eq!(patched.spec.replicas, Some(1));
-    assert_eq!(patched.spec.deletion_policy, Some(dbservice_operator::api::DeletionPolicy::Retain));
+    assert_eq!(patched.spec.deletion_policy, Some(dbservice_operator::api::database_service::DeletionPolicy::Retain));
     assert_eq!(patched.spec.image.as_deref(), Some("postgres:18.1"));
     assert_eq!(
         patched.metadata.finalizers,
-        Some(vec!["example.com/backup".to_string(), dbservice_operator::api::FINALIZER.to_string()])
+        Some(vec!["example.com/backup".to_string(), dbservice_operator::api::database_service::FINALIZER.to_string()])
     );
     // The rest of the spec is untouched.
     assert_eq!(

@@ -2,7 +2,7 @@
 //! also wires the controller's watches) with its verbs, cluster-wide by default and only in the
 //! watched namespace when operator.watchNamespace is set.
 
-use dbservice_operator::controller::children::CHILD_KINDS;
+use dbservice_operator::operator::caches::CHILD_KINDS;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -95,7 +95,7 @@ fn the_chart_grants_every_child_kind_its_verbs_cluster_wide_or_in_the_watched_na
 /// the watched namespace.
 #[test]
 fn the_chart_grants_the_backup_controller_its_permissions() {
-    use dbservice_operator::backup::controller::PERMISSIONS;
+    use dbservice_operator::operator::backup::PERMISSIONS;
     let Some(helm) = helm_or_skip() else { return };
     let check = |documents: &[serde_json::Value], kind: &str, name: &str| {
         let role = documents

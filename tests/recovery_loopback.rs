@@ -10,11 +10,11 @@
 #[path = "support/object_store.rs"]
 mod object_store;
 
-use dbservice_operator::backup::recovery::{RecoveryPhase, RecoveryPlan, RecoveryStatus};
-use dbservice_operator::backup::spec::{CredentialsSecret, ObjectStore, RecoveryTargetSpec};
-use dbservice_operator::failover::lease::LeaseTimings;
+use dbservice_operator::api::backup::{CredentialsSecret, ObjectStore, RecoveryTargetSpec};
+use dbservice_operator::api::recovery::{RecoveryPhase, RecoveryPlan, RecoveryStatus};
 use dbservice_operator::instance::recovery::recover;
 use dbservice_operator::instance::InstanceConfig;
+use dbservice_operator::lease::LeaseTimings;
 use object_store::*;
 use std::path::Path;
 use std::time::Duration;
@@ -74,7 +74,13 @@ async fn attempt(
     credentials: &Path,
 ) -> (Vec<RecoveryPhase>, Result<RecoveryStatus, (RecoveryStatus, String)>) {
     let config = instance_config(sandbox, bin, pgdata);
-    let args = plan.restore_args(pgdata, Path::new(BINARY), credentials, &sandbox.base.join("no-ca"));
+    let args = dbservice_operator::instance::recovery::restore_args(
+        &plan,
+        pgdata,
+        Path::new(BINARY),
+        credentials,
+        &sandbox.base.join("no-ca"),
+    );
     let (_stop_sender, mut stop) = tokio::sync::watch::channel(false);
     let mut phases = Vec::new();
     let mut report = async |status: &RecoveryStatus| phases.push(status.phase);
@@ -136,7 +142,7 @@ async fn the_first_instance_recovers_to_a_time_and_starts_as_a_clean_primary() {
         status.restored_bytes.unwrap(),
         status.replay_seconds.unwrap()
     );
-    assert!(!dbservice_operator::backup::recovery::staging_directory(&pgdata).exists());
+    assert!(!dbservice_operator::api::recovery::staging_directory(&pgdata).exists());
     assert!(!pgdata.join("recovery.signal").exists() && !pgdata.join("standby.signal").exists());
     let auto_conf = std::fs::read_to_string(pgdata.join("postgresql.auto.conf")).unwrap();
     for forgotten in ["restore_command", "recovery_target", "archive_command"] {

@@ -1,4 +1,4 @@
-//! Streaming-replication test of the PostgreSQL pod scripts (src/controller/scripts/*.sh).
+//! Streaming-replication test of the PostgreSQL pod scripts (src/operator/database/build/scripts/*.sh).
 //!
 //! Runs the very scripts the operator ships in the `NAME-scripts` ConfigMap, outside a container
 //! (`DBSERVICE_ENTRYPOINT_MODE=standalone`), against Debian's PostgreSQL binaries:
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 /// The scripts exactly as embedded into the ConfigMap (file name, content).
 const SCRIPTS: &[(&str, &str)] = &[
-    ("entrypoint.sh", include_str!("../src/controller/scripts/entrypoint.sh")),
-    ("primary-init.sh", include_str!("../src/controller/scripts/primary-init.sh")),
+    ("entrypoint.sh", include_str!("../src/operator/database/build/scripts/entrypoint.sh")),
+    ("primary-init.sh", include_str!("../src/operator/database/build/scripts/primary-init.sh")),
 ];
 
 const STATEFULSET: &str = "pgtest";

@@ -3,11 +3,11 @@
 //! replaced by a bundle from another CA; no request may fail, new connections must get the new
 //! certificate, and established connections keep working.
 
+use dbservice_operator::admission::server::serve_tls;
+use dbservice_operator::admission::tls::{install_crypto_provider, ReloadingCertificate};
+use dbservice_operator::admission::webhook::{admission_router, AdmissionState};
 use dbservice_operator::certificates::{generate_bundle, write_bundle, CertificateBundle};
 use dbservice_operator::metrics::Metrics;
-use dbservice_operator::webhook::server::serve_tls;
-use dbservice_operator::webhook::tls::{install_crypto_provider, ReloadingCertificate};
-use dbservice_operator::webhook::{admission_router, AdmissionState};
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};

@@ -8,8 +8,8 @@
 mod fixtures;
 
 use chrono::NaiveDate;
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::validation::{validate, ValidationSettings};
+use dbservice_operator::admission::validation::{validate, ValidationSettings};
+use dbservice_operator::api::database_service::DatabaseService;
 use serde::Deserialize;
 
 /// The date every case is judged on unless it sets `today`: 13 and 14 are past their end of life.

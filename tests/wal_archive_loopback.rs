@@ -19,12 +19,12 @@ mod loopback;
 #[path = "support/object_store.rs"]
 mod object_store;
 
-use dbservice_operator::backup::spec::BackupSpec;
-use dbservice_operator::controller::archiving::{
+use dbservice_operator::api::backup::BackupSpec;
+use dbservice_operator::api::failover::{ArchivingReport, FailoverSettings};
+use dbservice_operator::operator::database::archiving::{
     decide_archiving, FAILING_EVENT, FAILING_REASON, FAILING_TOO_LONG_REASON, RECOVERED_EVENT,
 };
-use dbservice_operator::controller::journal::Journal;
-use dbservice_operator::failover::{ArchivingReport, FailoverSettings};
+use dbservice_operator::operator::journal::Journal;
 use object_store::{
     connect, free_port, moto_server, run_as, skip_or_fail, store_environment, wait_for, Sandbox, Store, BINARY, PREFIX,
     SERVER_NAME,
@@ -310,7 +310,7 @@ fn segment_number(segment: &str) -> u64 {
 fn operator_view(
     backup: &BackupSpec,
     report: Option<&ArchivingReport>,
-    status: &mut dbservice_operator::api::DatabaseServiceStatus,
+    status: &mut dbservice_operator::api::database_service::DatabaseServiceStatus,
     now: chrono::DateTime<chrono::Utc>,
 ) -> (String, Vec<String>) {
     let mut journal = Journal::default();
@@ -352,7 +352,7 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
     let world = cluster.world.clone();
     let publishes = move || world.lock().unwrap().publishes;
     let backup = BackupSpec { archive_failure_warning_seconds: Some(30), ..Default::default() };
-    let mut status = dbservice_operator::api::DatabaseServiceStatus::default();
+    let mut status = dbservice_operator::api::database_service::DatabaseServiceStatus::default();
 
     // 1. Archiving works: the report says so once, and archived segments publish nothing.
     wait_for("a healthy archiving report", Duration::from_secs(60), async || report().filter(|report| !report.failing))

@@ -5,10 +5,10 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use base64::Engine;
-use dbservice_operator::metrics::Metrics;
-use dbservice_operator::webhook::{
+use dbservice_operator::admission::webhook::{
     admission_router, probe_router, AdmissionState, Readiness, RequestLimits, BODY_LIMIT_BYTES,
 };
+use dbservice_operator::metrics::Metrics;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -476,12 +476,12 @@ async fn metrics_count_requests_by_webhook_operation_result_and_denials_by_reaso
 /// 2026-12-01T00:20:00Z and WAL archived until 00:50 (or an unreachable store).
 struct CannedStore(Result<(), String>);
 
-impl dbservice_operator::webhook::recovery_source::RecoverySourceReader for CannedStore {
+impl dbservice_operator::admission::recovery_source::RecoverySourceReader for CannedStore {
     fn read<'a>(
         &'a self,
-        _: &'a dbservice_operator::api::DatabaseService,
-    ) -> dbservice_operator::webhook::recovery_source::ReadFuture<'a> {
-        use dbservice_operator::backup::catalog::RecoverableWindow;
+        _: &'a dbservice_operator::api::database_service::DatabaseService,
+    ) -> dbservice_operator::admission::recovery_source::ReadFuture<'a> {
+        use dbservice_operator::store::catalog::RecoverableWindow;
         let answer = self.0.clone().map(|()| {
             let backup = serde_json::from_value(json!({
                 "id": "20261201T001000Z", "serverName": "orders", "beginLsn": "0/2000028", "endLsn": "0/2000100",
@@ -492,7 +492,7 @@ impl dbservice_operator::webhook::recovery_source::RecoverySourceReader for Cann
             }))
             .expect("a manifest");
             let time = |text: &str| Some(text.parse().unwrap());
-            dbservice_operator::webhook::recovery_source::StoreContents {
+            dbservice_operator::admission::recovery_source::StoreContents {
                 backups: vec![backup],
                 window: RecoverableWindow {
                     first_recoverability_point: time("2026-12-01T00:20:00Z"),

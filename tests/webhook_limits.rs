@@ -2,12 +2,12 @@
 //! (`webhook::server::serve_tls`): slow and idle clients are cut off, the connection cap holds,
 //! and a legitimate request is answered while slow clients hold connections.
 
+use dbservice_operator::admission::limits::ServerLimits;
+use dbservice_operator::admission::server::serve_tls;
+use dbservice_operator::admission::tls::{install_crypto_provider, ReloadingCertificate};
+use dbservice_operator::admission::webhook::{admission_router, AdmissionState};
 use dbservice_operator::certificates::{generate_bundle, write_bundle};
 use dbservice_operator::metrics::Metrics;
-use dbservice_operator::webhook::limits::ServerLimits;
-use dbservice_operator::webhook::server::serve_tls;
-use dbservice_operator::webhook::tls::{install_crypto_provider, ReloadingCertificate};
-use dbservice_operator::webhook::{admission_router, AdmissionState};
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use std::net::SocketAddr;

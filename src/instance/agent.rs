@@ -1,14 +1,15 @@
 //! The agent's control loop: observe the local server, read what the operator wants, act, and
 //! publish a report when something changed.
 
-use super::archiving::archiving_report;
-use super::postgres::{
+use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
+use crate::instance::archiving::archiving_report;
+use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
-use super::standby::{self, StandbyError};
-use super::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
-use crate::failover::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
-use crate::failover::{ArchivingReport, InstanceReport, Lsn, Role, PENDING};
+use crate::instance::standby::{self, StandbyError};
+use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
+use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
+use crate::lsn::Lsn;
 use std::time::Instant;
 use tokio::sync::watch;
 

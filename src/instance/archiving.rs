@@ -3,7 +3,7 @@
 //! operator acts on — healthy, or failing since when and on which segment — and republishes only
 //! when that state changes. A busy, healthy primary therefore writes nothing for archiving.
 
-use crate::failover::ArchivingReport;
+use crate::api::failover::ArchivingReport;
 use chrono::{DateTime, Utc};
 
 /// pg_stat_archiver of a primary with `archive_mode` on, as sampled.

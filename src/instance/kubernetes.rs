@@ -8,14 +8,16 @@
 //! Every call has a short timeout and none is retried: a failed renewal simply counts towards the
 //! self-fencing deadline, which is the point.
 
-use super::{ControlPlane, ControlPlaneError, Desired, Upstream};
-use crate::api::DatabaseService;
-use crate::failover::lease::LeaseRecord;
-use crate::failover::{FailoverStatus, InstanceReport, INSTANCE_REPORT_ANNOTATION};
+use crate::api::database_service::fenced_instances;
+use crate::api::database_service::DatabaseService;
+use crate::api::failover::{FailoverStatus, InstanceReport, INSTANCE_REPORT_ANNOTATION};
+use crate::api::names::primary_lease_name;
+use crate::instance::{ControlPlane, ControlPlaneError, Desired, Upstream};
+use crate::lease::LeaseRecord;
+use crate::lease::{lease_record, with_record};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -25,29 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// DatabaseService annotation listing instances a person fenced: `name-0,name-2`.
-pub const FENCED_ANNOTATION: &str = "dbservice.dev/fenced-instances";
-/// Lease annotation holding the [`LeaseRecord`] positions (JSON, without the holder, which is
-/// `spec.holderIdentity`).
-pub const LEASE_RECORD_ANNOTATION: &str = "dbservice.dev/primary";
 /// Field manager of the agent's writes.
 pub const AGENT_FIELD_MANAGER: &str = "dbservice-instance";
-
-/// Name of the primary Lease of database `name`.
-pub fn primary_lease_name(name: &str) -> String {
-    format!("{name}-primary")
-}
-
-/// Instances fenced by hand, from the DatabaseService annotation.
-pub fn fenced_instances(database: &DatabaseService) -> Vec<String> {
-    database
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(FENCED_ANNOTATION))
-        .map(|list| list.split(',').map(str::trim).filter(|name| !name.is_empty()).map(String::from).collect())
-        .unwrap_or_default()
-}
 
 /// What instance `me` should do, from the failover status: follow `currentPrimary` through its
 /// stable DNS name `<pod>.<domain>` once no change is in progress (during one, it follows nobody).
@@ -67,43 +48,16 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
 }
 
 /// `synchronous_standby_names` for instance `me` of `database` (see
-/// [`crate::failover::synchronous_standby_names`]): over every instance the spec asks for.
+/// [`crate::api::synchronous::synchronous_standby_names`]): over every instance the spec asks for.
 pub fn synchronous_standby_names_for(database: &DatabaseService, me: &str) -> String {
     let name = database.metadata.name.clone().unwrap_or_default();
     let instances: Vec<String> =
         (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect();
-    crate::failover::synchronous_standby_names(&instances, database.spec.failover_settings().synchronous_standbys, me)
-}
-
-/// The Lease as a [`LeaseRecord`].
-pub fn lease_record(lease: &Lease) -> LeaseRecord {
-    let mut record: LeaseRecord = lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(LEASE_RECORD_ANNOTATION))
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_default();
-    record.holder =
-        lease.spec.as_ref().and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
-    record
-}
-
-/// `lease` rewritten to hold `record` (same resourceVersion: the replace is a compare-and-swap).
-pub fn with_record(mut lease: Lease, record: &LeaseRecord, duration: Duration) -> Lease {
-    let positions = LeaseRecord { holder: None, ..record.clone() };
-    let text = serde_json::to_string(&positions).expect("lease records serialize");
-    lease.metadata.annotations.get_or_insert_with(Default::default).insert(LEASE_RECORD_ANNOTATION.into(), text);
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-    if spec.holder_identity != record.holder {
-        spec.acquire_time = record.holder.as_ref().map(|_| now.clone());
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-    }
-    spec.holder_identity = record.holder.clone();
-    spec.lease_duration_seconds = Some(duration.as_secs().max(1) as i32);
-    spec.renew_time = Some(now);
-    lease
+    crate::api::synchronous::synchronous_standby_names(
+        &instances,
+        database.spec.failover_settings().synchronous_standbys,
+        me,
+    )
 }
 
 /// Watches the one DatabaseService `name` (a metadata.name field selector, which RBAC
@@ -168,7 +122,7 @@ impl KubeControlPlane {
             leases: Api::namespaced(client, namespace),
             database: database.into(),
             pod: pod.into(),
-            domain: format!("{}.{namespace}.svc", crate::controller::names::ChildNames::headless_service(database)),
+            domain: format!("{}.{namespace}.svc", crate::api::names::ChildNames::headless_service(database)),
             port,
             lease_duration,
             call_timeout,
@@ -188,14 +142,14 @@ impl KubeControlPlane {
     }
 
     /// Publishes the progress of a recovery into the pod annotation
-    /// [`crate::backup::recovery::RECOVERY_ANNOTATION`], for the operator's status and ledger.
+    /// [`crate::api::recovery::RECOVERY_ANNOTATION`], for the operator's status and ledger.
     pub async fn publish_recovery(
         &self,
-        status: &crate::backup::recovery::RecoveryStatus,
+        status: &crate::api::recovery::RecoveryStatus,
     ) -> Result<(), ControlPlaneError> {
         let text = serde_json::to_string(status).expect("a recovery status serializes");
         let patch =
-            Patch::Merge(json!({"metadata": {"annotations": {crate::backup::recovery::RECOVERY_ANNOTATION: text}}}));
+            Patch::Merge(json!({"metadata": {"annotations": {crate::api::recovery::RECOVERY_ANNOTATION: text}}}));
         let params = PatchParams { field_manager: Some(AGENT_FIELD_MANAGER.into()), ..Default::default() };
         self.bounded("publish the recovery status", self.pods.patch(&self.pod, &params, &patch)).await?;
         Ok(())
@@ -292,7 +246,7 @@ mod tests {
     fn the_lease_record_round_trips_through_a_lease() {
         let record = LeaseRecord {
             holder: Some("db-0".into()),
-            primary_lsn: Some(crate::failover::Lsn(0x3000060)),
+            primary_lsn: Some(crate::lsn::Lsn(0x3000060)),
             timeline: Some(2),
             released_at_lsn: None,
         };

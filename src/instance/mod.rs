@@ -1,6 +1,6 @@
 //! The instance agent (`dbservice-operator instance ...`): runs in each PostgreSQL pod, supervises
 //! the server, publishes an [`InstanceReport`] when it changes, and carries out what the operator
-//! decided ([`crate::failover`]): promote when it is the target and holds the primary Lease, stop
+//! decided ([`crate::api::failover`]): promote when it is the target and holds the primary Lease, stop
 //! cleanly and hand the Lease over on a switchover, follow the new primary (pg_rewind, or a fresh
 //! clone), and fence itself when it cannot renew the Lease in time.
 //!
@@ -9,6 +9,7 @@
 
 mod agent;
 pub mod archiving;
+pub mod args;
 pub mod kubernetes;
 pub mod postgres;
 pub mod recovery;
@@ -17,10 +18,10 @@ pub mod standby;
 
 pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT};
 
-use crate::cli::{InstanceArgs, InstanceCommand};
+use crate::instance::args::{InstanceArgs, InstanceCommand};
 
-use crate::failover::lease::{LeaseRecord, LeaseTimings};
-use crate::failover::InstanceReport;
+use crate::api::failover::InstanceReport;
+use crate::lease::{LeaseRecord, LeaseTimings};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -84,7 +85,7 @@ pub struct Upstream {
 /// What the operator wants from this instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// `targetPrimary`: an instance name, [`crate::failover::PENDING`], or None when not decided.
+    /// `targetPrimary`: an instance name, [`crate::api::failover::PENDING`], or None when not decided.
     pub target_primary: Option<String>,
     /// The primary to follow, once `currentPrimary` equals `targetPrimary` (never during a change).
     pub upstream: Option<Upstream>,

@@ -7,9 +7,9 @@
 //! `tokio::time::timeout`; no value goes through a shell or an argument list. Over the unix
 //! socket it needs no TLS, so it adds no crypto stack to the static binary.
 
-use super::archiving::ArchiverSample;
-use super::InstanceConfig;
-use crate::failover::Lsn;
+use crate::instance::archiving::ArchiverSample;
+use crate::instance::InstanceConfig;
+use crate::lsn::Lsn;
 use chrono::{DateTime, Utc};
 use std::path::Path;
 use std::process::Stdio;
@@ -119,10 +119,8 @@ pub struct Postgres {
 }
 
 fn lsn(text: Option<String>) -> Result<Option<Lsn>, PostgresError> {
-    text.map(|text| {
-        text.parse().map_err(|error: crate::failover::ParseLsnError| PostgresError::Answer(error.to_string()))
-    })
-    .transpose()
+    text.map(|text| text.parse().map_err(|error: crate::lsn::ParseLsnError| PostgresError::Answer(error.to_string())))
+        .transpose()
 }
 
 /// Sends `signal` to a postmaster and to each of its children. (Every PostgreSQL child calls

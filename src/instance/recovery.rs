@@ -5,12 +5,14 @@
 //! PGDATA empty (the staging copy is a copy of the store and is discarded), so a retry starts
 //! over and a half-recovered directory can never start as the primary.
 
-use super::postgres::{initialized, LocalState, Postgres, PostgresError};
-use super::standby::{self, StandbyError};
-use super::InstanceConfig;
-use crate::backup::config::RestoreArgs;
-use crate::backup::recovery::{staging_directory, RecoveryPhase, RecoveryPlan, RecoveryStatus};
-use crate::backup::restore::{restore, without_recovery_settings, RestoreError};
+use crate::api::recovery::{
+    staging_directory, RecoveryPhase, RecoveryPlan, RecoveryStatus, CA_DIRECTORY, CA_FILE, CREDENTIALS_DIRECTORY,
+};
+use crate::instance::postgres::{initialized, LocalState, Postgres, PostgresError};
+use crate::instance::standby::{self, StandbyError};
+use crate::instance::InstanceConfig;
+use crate::store::config::{RestoreArgs, StoreArgs};
+use crate::store::restore::{restore, without_recovery_settings, RestoreError};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -274,6 +276,48 @@ async fn wait_for_promotion(
             _ = stop.changed() => return Err(RecoverError::Interrupted),
         }
     }
+}
+
+/// The `restore` settings of `plan` for the data directory `pgdata`, with the credentials
+/// files under `credentials_directory` (and the CA under `ca_directory`) as the pod mounts them.
+pub fn restore_args(
+    plan: &RecoveryPlan,
+    pgdata: &Path,
+    binary: &Path,
+    credentials_directory: &Path,
+    ca_directory: &Path,
+) -> RestoreArgs {
+    let source = &plan.source;
+    let target = plan.target.clone().unwrap_or_default();
+    RestoreArgs {
+        pgdata: pgdata.to_path_buf(),
+        backup_id: plan.backup_id.clone(),
+        target_time: target.time,
+        target_lsn: target.lsn,
+        target_xid: target.xid.and_then(|xid| u64::try_from(xid).ok()),
+        target_name: target.name,
+        restore_command_binary: Some(binary.to_path_buf()),
+        store: StoreArgs {
+            endpoint: source.endpoint.clone(),
+            bucket: source.bucket.clone(),
+            path: source.path.clone().unwrap_or_default(),
+            server_name: source.server_name.clone().unwrap_or_default(),
+            region: source.region.clone().unwrap_or_else(|| "us-east-1".into()),
+            access_key_id: None,
+            access_key_id_file: Some(credentials_directory.join("accessKeyId")),
+            secret_access_key: None,
+            secret_access_key_file: Some(credentials_directory.join("secretAccessKey")),
+            ca_file: source.ca_secret.as_ref().map(|_| ca_directory.join(CA_FILE)),
+            timeout_seconds: 60,
+            addressing: crate::store::client::Addressing::Path,
+            compression: crate::store::compression::Compression::Zstd,
+        },
+    }
+}
+
+/// [`restore_args`] with the pod's mount points.
+pub fn restore_args_in_pod(plan: &RecoveryPlan, pgdata: &Path, binary: &Path) -> RestoreArgs {
+    restore_args(plan, pgdata, binary, Path::new(CREDENTIALS_DIRECTORY), Path::new(CA_DIRECTORY))
 }
 
 #[cfg(test)]

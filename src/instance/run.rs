@@ -3,12 +3,12 @@
 //! instance is chosen to bootstrap the database (and only then), and runs the [`Agent`] until
 //! SIGTERM, when a primary stops cleanly and hands its Lease over.
 
-use super::kubernetes::KubeControlPlane;
-use super::postgres::initialized;
-use super::{Agent, ControlPlane, InstanceConfig};
-use crate::backup::recovery::{retry_pause, RecoveryPlan, RecoveryStatus, RECOVERY_PLAN_VARIABLE};
-use crate::cli::{InstallBinaryArgs, InstanceRunArgs};
-use crate::failover::lease::LeaseTimings;
+use crate::api::recovery::{retry_pause, RecoveryPlan, RecoveryStatus, RECOVERY_PLAN_VARIABLE};
+use crate::instance::args::{InstallBinaryArgs, InstanceRunArgs};
+use crate::instance::kubernetes::KubeControlPlane;
+use crate::instance::postgres::initialized;
+use crate::instance::{Agent, ControlPlane, InstanceConfig};
+use crate::lease::LeaseTimings;
 use anyhow::Context as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -116,7 +116,7 @@ async fn bootstrap(
                     anyhow::ensure!(status.success(), "the initialize script failed: {status}");
                     return Ok(());
                 }
-                if target.is_some_and(|target| target != args.pod && target != crate::failover::PENDING) {
+                if target.is_some_and(|target| target != args.pod && target != crate::api::failover::PENDING) {
                     // The agent clones the current primary.
                     return Ok(());
                 }
@@ -149,9 +149,9 @@ async fn recover(
     };
     let password = std::env::var("POSTGRES_PASSWORD").unwrap_or_default();
     let binary = std::env::current_exe()
-        .unwrap_or_else(|_| PathBuf::from(crate::backup::pod::BINARY_DIRECTORY).join("dbservice-operator"));
-    let restore_args = plan.restore_args_in_pod(&config.pgdata, &binary);
-    match super::recovery::recover(config, plan, restore_args, &password, attempt, stop, &mut report).await {
+        .unwrap_or_else(|_| PathBuf::from(crate::api::pod::AGENT_DIRECTORY).join("dbservice-operator"));
+    let restore_args = crate::instance::recovery::restore_args_in_pod(&plan, &config.pgdata, &binary);
+    match crate::instance::recovery::recover(config, plan, restore_args, &password, attempt, stop, &mut report).await {
         Ok(status) => {
             tracing::info!(instance = %config.name, backup = ?status.backup_id, restore_seconds = ?status.restore_seconds, replay_seconds = ?status.replay_seconds, "recovery completed");
             report(&status).await;

@@ -2,8 +2,8 @@
 //! pg_rewind of a former primary, and a fresh clone when rewinding is impossible. The previous
 //! data directory is moved aside, never deleted.
 
-use super::{InstanceConfig, Upstream};
-use crate::failover::Lsn;
+use crate::instance::{InstanceConfig, Upstream};
+use crate::lsn::Lsn;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -378,7 +378,7 @@ pub async fn clone_from(config: &InstanceConfig, upstream: &Upstream) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::failover::lease::LeaseTimings;
+    use crate::lease::LeaseTimings;
     use std::os::unix::fs::PermissionsExt;
 
     fn config(pgdata: &Path) -> InstanceConfig {

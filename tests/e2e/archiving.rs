@@ -8,13 +8,13 @@ use crate::controller::{condition, wait_for_event, wait_for_ledger, wait_for_pha
 use crate::support::operator::{metric_sum, shared};
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, eventually, TestNamespace};
 use chrono::Utc;
-use dbservice_operator::api::{DatabaseService, Phase};
-use dbservice_operator::controller::archiving::{
-    ARCHIVING_REASON, FAILING_EVENT, FAILING_TOO_LONG_REASON, RECOVERED_EVENT,
-};
-use dbservice_operator::failover::{ArchivingReport, InstanceReport, Role};
+use dbservice_operator::api::database_service::{DatabaseService, Phase};
+use dbservice_operator::api::failover::{ArchivingReport, InstanceReport, Role};
 use dbservice_operator::instance::kubernetes::KubeControlPlane;
 use dbservice_operator::instance::ControlPlane;
+use dbservice_operator::operator::database::archiving::{
+    ARCHIVING_REASON, FAILING_EVENT, FAILING_TOO_LONG_REASON, RECOVERED_EVENT,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PostParams;
 use kube::Api;

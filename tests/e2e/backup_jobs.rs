@@ -10,10 +10,10 @@ use crate::support::operator::{
     ISOLATION_LABEL,
 };
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, eventually, kubectl, TestNamespace};
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::backup::controller::api::{BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec};
-use dbservice_operator::backup::controller::scheduler::SCHEDULED_AT_ANNOTATION;
-use dbservice_operator::controller::ledger::{parse, LEDGER_KEY};
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::database_service_backup::{BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec};
+use dbservice_operator::operator::backup::scheduler::SCHEDULED_AT_ANNOTATION;
+use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use kube::api::{ListParams, PostParams};

@@ -4,7 +4,7 @@
 use crate::object_store::{moto_server, skip_or_fail, Store, BINARY};
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, operator::shared, TestNamespace};
 use bytes::Bytes;
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use kube::api::PostParams;
 use kube::Api;
 use std::process::Command;

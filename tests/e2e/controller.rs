@@ -3,8 +3,8 @@
 
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
-use dbservice_operator::api::{DatabaseService, DeletionPolicy, Phase};
-use dbservice_operator::controller::ledger::{parse, LedgerEntry, LEDGER_KEY};
+use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, Phase};
+use dbservice_operator::operator::ledger::{parse, LedgerEntry, LEDGER_KEY};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;

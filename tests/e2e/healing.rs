@@ -3,7 +3,7 @@
 use crate::controller::{condition, wait_for_ledger, wait_for_phase};
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, kubectl, sample_database, TestNamespace};
-use dbservice_operator::api::{DatabaseService, Phase};
+use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::Api;

@@ -5,7 +5,7 @@
 use crate::controller::{condition, delete_and_wait_gone, ledger_entries, wait_for_phase, CRASHING_IMAGE_REPOSITORY};
 use crate::support::operator::{shared, RELEASE_NAMESPACE};
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
-use dbservice_operator::api::{DatabaseService, DeletionPolicy, Phase};
+use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, Phase};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{ListParams, PostParams};

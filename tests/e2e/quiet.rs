@@ -7,7 +7,7 @@ use crate::support::operator::{
     metric_sum, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
 };
 use crate::support::{client_for, cluster_or_skip, kubectl, sample_database, TestNamespace};
-use dbservice_operator::api::{DatabaseService, Phase};
+use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use std::time::Duration;

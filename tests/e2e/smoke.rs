@@ -1,7 +1,7 @@
 //! The ground the suite stands on: CRD established, objects stored, pods run, volumes bind.
 
 use crate::support::{client_for, cluster_or_skip, eventually, operator::shared, sample_database, TestNamespace};
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -3,7 +3,7 @@
 use crate::support::{
     client_for, cluster_or_skip, database_from_yaml, operator::shared, sample_database, TestNamespace,
 };
-use dbservice_operator::api::{DatabaseService, DeletionPolicy, FINALIZER};
+use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, FINALIZER};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 

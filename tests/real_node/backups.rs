@@ -7,8 +7,8 @@ use crate::environment::{
 };
 use crate::object_store::{moto_server, pg_bin, run_as, skip_or_fail, Sandbox, Store, BUCKET, PREFIX, SERVER_NAME};
 use crate::support::{eventually, kubectl};
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::backup::spec::{BackupSpec, CredentialsSecret, ObjectStore};
+use dbservice_operator::api::backup::{BackupSpec, CredentialsSecret, ObjectStore};
+use dbservice_operator::api::database_service::DatabaseService;
 use kube::api::PostParams;
 use kube::Api;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 
 use crate::support::operator::{helm, RELEASE, RELEASE_NAMESPACE};
 use crate::support::{admin_kubeconfig, client_for, eventually, kubectl, repository, TestNamespace};
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};

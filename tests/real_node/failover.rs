@@ -14,9 +14,9 @@ use crate::environment::{
 };
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, kubectl};
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::controller::ledger::{self, LedgerEntry};
-use dbservice_operator::failover::SWITCHOVER_ANNOTATION;
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::failover::SWITCHOVER_ANNOTATION;
+use dbservice_operator::operator::ledger::{self, LedgerEntry};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Api;

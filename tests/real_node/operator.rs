@@ -6,7 +6,7 @@ use crate::environment::{
 };
 use crate::support::operator::{RELEASE, RELEASE_NAMESPACE};
 use crate::support::{eventually, kubectl, sample_database, TestNamespace};
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;

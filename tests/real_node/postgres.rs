@@ -7,7 +7,7 @@ use crate::environment::{
 };
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, kubectl};
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;

@@ -11,14 +11,14 @@ use crate::environment::{
 };
 use crate::object_store::{moto_server, skip_or_fail, Store, PREFIX};
 use crate::support::{create_store_secret, eventually};
-use dbservice_operator::api::DatabaseService;
-use dbservice_operator::backup::controller::api::{
+use dbservice_operator::api::backup::{BootstrapSpec, RecoverySpec, RecoveryTargetSpec};
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::database_service_backup::{
     BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec, DatabaseServiceBackupStatus,
 };
-use dbservice_operator::backup::controller::scheduler::SCHEDULED_AT_ANNOTATION;
-use dbservice_operator::backup::recovery::{RecoveryPhase, RECOVERED_CONDITION};
-use dbservice_operator::backup::spec::{BootstrapSpec, RecoverySpec, RecoveryTargetSpec};
-use dbservice_operator::controller::ledger::{parse, LEDGER_KEY};
+use dbservice_operator::api::recovery::{RecoveryPhase, RECOVERED_CONDITION};
+use dbservice_operator::operator::backup::scheduler::SCHEDULED_AT_ANNOTATION;
+use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};

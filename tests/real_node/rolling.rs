@@ -7,7 +7,7 @@ use crate::environment::{admin_client, install_chart, real_database, real_namesp
 use crate::failover::{
     epoch_now, figures, last_id, ledger_entries, start_writer, wait_settled_instances, DATABASE, SETTLE_TIMEOUT,
 };
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};

@@ -10,7 +10,7 @@ use crate::failover::{
     epoch_now, exec_in, figures, last_id, settled, start_writer, wait_settled_instances, DATABASE, SETTLE_TIMEOUT,
 };
 use crate::support::{eventually, kubectl};
-use dbservice_operator::api::{DatabaseService, FailoverSpec};
+use dbservice_operator::api::database_service::{DatabaseService, FailoverSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;

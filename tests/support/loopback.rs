@@ -5,12 +5,13 @@
 #![allow(dead_code)]
 
 use chrono::Utc;
-use dbservice_operator::failover::lease::{LeaseRecord, LeaseTimings};
-use dbservice_operator::failover::{
-    decide, synchronous_standby_names, Action, FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport,
-    Observed, PodState,
+use dbservice_operator::api::failover::{
+    FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport, PodState,
 };
+use dbservice_operator::api::synchronous::synchronous_standby_names;
 use dbservice_operator::instance::{Agent, ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
+use dbservice_operator::lease::{LeaseRecord, LeaseTimings};
+use dbservice_operator::operator::database::failover::{decide, Action, Observed};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

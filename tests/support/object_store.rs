@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use dbservice_operator::backup::client::{Addressing, S3Client, StoreSettings};
-use dbservice_operator::backup::signing::AccessKey;
+use dbservice_operator::store::client::{Addressing, S3Client, StoreSettings};
+use dbservice_operator::store::signing::AccessKey;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

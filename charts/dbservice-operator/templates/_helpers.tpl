@@ -202,7 +202,7 @@ matchConditions:
 
 {{/*
 Rules of the controller (DatabaseServices, their children, events): in the ClusterRole, or in a
-Role of operator.watchNamespace. The child rules match CHILD_KINDS in src/controller/children.rs
+Role of operator.watchNamespace. The child rules match CHILD_KINDS in src/operator/caches/mod.rs
 (tests/rbac.rs checks it). Children are read from watches (list, watch); this version needs get
 only where it must read past its cache (a credentials-Secret create conflict, a ledger append). get
 on services, statefulsets, pods and PVCs is kept for one release: during a rolling upgrade the old

@@ -5,7 +5,7 @@
 pub mod leader;
 pub mod operator;
 
-use dbservice_operator::api::DatabaseService;
+use dbservice_operator::api::database_service::DatabaseService;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -45,7 +45,7 @@ pub fn cluster_or_skip(test: &str) -> Option<PathBuf> {
 
 /// A kube client for a kubeconfig file.
 pub async fn client_for(kubeconfig: &Path) -> Client {
-    dbservice_operator::webhook::tls::install_crypto_provider();
+    dbservice_operator::admission::tls::install_crypto_provider();
     let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
     let config =
         Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");

@@ -1,0 +1,16 @@
+//! Admission: the rules every DatabaseService must pass ([`validation`], one pure function shared
+//! with the reconciler), the defaults filled in ([`mutation`]), and the HTTPS webhook server that
+//! the kube-apiserver calls ([`webhook`], [`server`]) with its limits, connections and certificates.
+
+pub mod backup_validation;
+pub mod certificates;
+pub mod connections;
+pub mod field_error;
+pub mod limits;
+pub mod mutation;
+pub mod recovery_source;
+pub mod review;
+pub mod server;
+pub mod tls;
+pub mod validation;
+pub mod webhook;

@@ -1,0 +1,285 @@
+//! The admission rules of `spec.bootstrap.recovery` that need the stores
+//! ([`crate::admission::backup_validation::check_recovery_against_store`]): on CREATE, the webhook reads
+//! the source's backups and WAL listing and whether the new database's own archive path already
+//! holds WAL, within [`STORE_CHECK_TIMEOUT`] and [`STORE_CHECK_BOUNDS`].
+//!
+//! An unreachable or slow store does not block the create: the apiserver gives a webhook 10 s
+//! at most and a store outage must not make every recovery impossible, so the object is admitted
+//! with a warning saying that the target was not checked. The recovery itself then fails with a
+//! clear `Recovered=False` condition and a Warning event if the target really is impossible.
+
+use crate::admission::backup_validation::check_recovery_against_store;
+use crate::admission::validation::FieldError;
+use crate::api::backup::ObjectStore;
+use crate::api::database_service::DatabaseService;
+use crate::store::catalog::{list_backups_bounded, recoverable_window, CatalogBounds, RecoverableWindow};
+use crate::store::client::{Addressing, S3Client, StoreSettings};
+use crate::store::keys::KeyLayout;
+use crate::store::manifest::BackupManifest;
+use crate::store::signing::AccessKey;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// Longest time admission spends on the stores of one request (the apiserver's webhook
+/// timeout is 10 s at most, and the rest of the review must fit too).
+pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How much of the stores one request reads.
+pub const STORE_CHECK_BOUNDS: CatalogBounds =
+    CatalogBounds { objects: 10_000, manifest_bytes: 16 * 1024 * 1024, keep_chunks: false };
+
+/// What the stores hold for one recovering DatabaseService.
+#[derive(Debug, Clone, Default)]
+pub struct StoreContents {
+    /// The source's completed base backups (without chunk lists).
+    pub backups: Vec<BackupManifest>,
+    /// The source's recoverable window.
+    pub window: RecoverableWindow,
+    /// The new database's own WAL archive path holds nothing (true without spec.backup).
+    pub own_archive_is_empty: bool,
+    /// A listing was cut at [`STORE_CHECK_BOUNDS`]: the window's end is a lower bound.
+    pub truncated: bool,
+}
+
+/// A boxed future (the reader is a trait object in the admission state).
+pub type ReadFuture<'a> = Pin<Box<dyn Future<Output = Result<StoreContents, String>> + Send + 'a>>;
+
+/// Reads the stores of a recovering DatabaseService.
+pub trait RecoverySourceReader: Send + Sync {
+    /// What the source and the own archive path hold; Err with a one-line reason.
+    fn read<'a>(&'a self, database: &'a DatabaseService) -> ReadFuture<'a>;
+}
+
+/// What admission does with a recovering DatabaseService after reading the stores.
+#[derive(Debug, PartialEq)]
+pub enum StoreVerdict {
+    /// Nothing to object to.
+    Allow,
+    /// Admitted, with this warning.
+    Warn(String),
+    /// Refused for these reasons.
+    Deny(Vec<FieldError>),
+}
+
+/// The verdict given what reading the stores gave (pure).
+pub fn verdict(database: &DatabaseService, read: Result<StoreContents, String>) -> StoreVerdict {
+    match read {
+        Err(reason) => StoreVerdict::Warn(format!(
+            "spec.bootstrap.recovery was not checked against the store ({reason}): an impossible target fails the recovery later (condition Recovered)"
+        )),
+        Ok(contents) => {
+            let errors = check_recovery_against_store(
+                &database.spec,
+                &contents.backups,
+                &contents.window,
+                contents.own_archive_is_empty,
+            );
+            // A time after the truncated listing's end may still be inside the window.
+            let errors: Vec<FieldError> = errors
+                .into_iter()
+                .filter(|error| !(contents.truncated && error.detail.contains("outside the recoverable window")))
+                .collect();
+            match (errors.is_empty(), contents.truncated) {
+                (false, _) => StoreVerdict::Deny(errors),
+                (true, true) => StoreVerdict::Warn(format!(
+                    "the source store holds more than {} objects: the end of the recoverable window was not checked",
+                    STORE_CHECK_BOUNDS.objects
+                )),
+                (true, false) => StoreVerdict::Allow,
+            }
+        }
+    }
+}
+
+/// Reads the stores with `reader` within [`STORE_CHECK_TIMEOUT`] and decides.
+pub async fn check(reader: &dyn RecoverySourceReader, database: &DatabaseService) -> StoreVerdict {
+    let read = match tokio::time::timeout(STORE_CHECK_TIMEOUT, reader.read(database)).await {
+        Ok(read) => read,
+        Err(_) => Err(format!("no answer within {} s", STORE_CHECK_TIMEOUT.as_secs())),
+    };
+    verdict(database, read)
+}
+
+/// The reader of the operator: credentials from the Secrets the spec names (read with the
+/// operator's client, in the DatabaseService's namespace), then bounded S3 listings.
+pub struct KubeStoreReader {
+    client: kube::Client,
+}
+
+impl KubeStoreReader {
+    /// A reader using `client` for the Secrets.
+    pub fn new(client: kube::Client) -> Self {
+        KubeStoreReader { client }
+    }
+
+    async fn connect(&self, namespace: &str, store: &ObjectStore, name: &str) -> Result<(S3Client, KeyLayout), String> {
+        if store.ca_secret.is_some() {
+            return Err("a store with caSecret is not read at admission".into());
+        }
+        let secrets: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);
+        let credentials = &store.credentials_secret;
+        let secret = secrets
+            .get_opt(&credentials.name)
+            .await
+            .map_err(|error| format!("read Secret {}: {error}", credentials.name))?
+            .ok_or_else(|| format!("Secret {} not found", credentials.name))?;
+        let key = |wanted: &str| -> Result<String, String> {
+            secret
+                .data
+                .as_ref()
+                .and_then(|data| data.get(wanted))
+                .map(|value| String::from_utf8_lossy(&value.0).trim().to_string())
+                .ok_or_else(|| format!("Secret {} has no key {wanted}", credentials.name))
+        };
+        let access_key = AccessKey {
+            id: key(credentials.access_key_id_key.as_deref().unwrap_or("accessKeyId"))?,
+            secret: key(credentials.secret_access_key_key.as_deref().unwrap_or("secretAccessKey"))?,
+        };
+        let client = S3Client::new(StoreSettings {
+            endpoint: store.endpoint.clone(),
+            bucket: store.bucket.clone(),
+            region: store.region.clone().unwrap_or_else(|| "us-east-1".into()),
+            access_key,
+            ca_file: None,
+            timeout: STORE_CHECK_TIMEOUT,
+            addressing: Addressing::Path,
+        })
+        .map_err(|error| error.to_string())?;
+        let layout = KeyLayout::new(store.path.as_deref().unwrap_or(""), store.server_name_or(name))
+            .map_err(|error| error.to_string())?;
+        Ok((client, layout))
+    }
+
+    async fn read_stores(&self, database: &DatabaseService) -> Result<StoreContents, String> {
+        let Some(recovery) = database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.recovery.as_ref()) else {
+            return Ok(StoreContents { own_archive_is_empty: true, ..Default::default() });
+        };
+        let namespace = database.namespace().ok_or("the object has no namespace")?;
+        let name = database.name_any();
+        let (source, layout) = self.connect(&namespace, &recovery.source, &name).await?;
+        let (backups, backups_truncated) = list_backups_bounded(&source, &layout, &STORE_CHECK_BOUNDS)
+            .await
+            .map_err(|error| format!("source store: {error}"))?;
+        let (wal, wal_truncated) = source
+            .list_objects_bounded(&layout.wal_prefix(), STORE_CHECK_BOUNDS.objects)
+            .await
+            .map_err(|error| format!("source store: {error}"))?;
+        let own_archive_is_empty = match &database.spec.backup {
+            None => true,
+            Some(backup) => {
+                let (own, own_layout) = self.connect(&namespace, &backup.object_store, &name).await?;
+                let (objects, _) = own
+                    .list_objects_bounded(&own_layout.wal_prefix(), 1)
+                    .await
+                    .map_err(|error| format!("own store: {error}"))?;
+                objects.is_empty()
+            }
+        };
+        Ok(StoreContents {
+            window: recoverable_window(&backups, &wal),
+            backups,
+            own_archive_is_empty,
+            truncated: backups_truncated || wal_truncated,
+        })
+    }
+}
+
+impl RecoverySourceReader for KubeStoreReader {
+    fn read<'a>(&'a self, database: &'a DatabaseService) -> ReadFuture<'a> {
+        Box::pin(self.read_stores(database))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::backup::{BootstrapSpec, CredentialsSecret, RecoverySpec, RecoveryTargetSpec};
+
+    fn recovering(time: &str) -> DatabaseService {
+        let mut database = DatabaseService::new("restored", Default::default());
+        database.spec.version = "15".into();
+        database.spec.bootstrap = Some(BootstrapSpec {
+            recovery: Some(RecoverySpec {
+                source: ObjectStore {
+                    endpoint: "http://127.0.0.1:9".into(),
+                    bucket: "backups".into(),
+                    server_name: Some("orders".into()),
+                    credentials_secret: CredentialsSecret { name: "s3".into(), ..Default::default() },
+                    ..Default::default()
+                },
+                backup_id: None,
+                target: Some(RecoveryTargetSpec { time: Some(time.into()), ..Default::default() }),
+                allow_non_empty_archive: None,
+            }),
+        });
+        database
+    }
+
+    fn contents(truncated: bool) -> StoreContents {
+        let backups = vec![crate::store::selection::tests::backup("b", 10, 20)];
+        let end = backups[0].end_time;
+        StoreContents {
+            window: RecoverableWindow {
+                first_recoverability_point: Some(end),
+                last_archived_wal_time: Some(end + chrono::Duration::minutes(30)),
+            },
+            backups,
+            own_archive_is_empty: true,
+            truncated,
+        }
+    }
+
+    fn at(minutes: i64) -> String {
+        let end = contents(false).backups[0].end_time;
+        (end + chrono::Duration::minutes(minutes)).to_rfc3339()
+    }
+
+    #[test]
+    fn targets_inside_the_window_pass_and_outside_are_denied() {
+        assert_eq!(verdict(&recovering(&at(10)), Ok(contents(false))), StoreVerdict::Allow);
+        let StoreVerdict::Deny(errors) = verdict(&recovering(&at(40)), Ok(contents(false))) else {
+            panic!("a time after the last archived WAL is denied")
+        };
+        assert!(errors[0].to_string().contains("outside the recoverable window"), "{errors:?}");
+        let StoreVerdict::Deny(errors) = verdict(&recovering(&at(-5)), Ok(contents(false))) else {
+            panic!("a time before every backup is denied")
+        };
+        assert!(errors[0].to_string().contains("no base backup ended before"), "{errors:?}");
+    }
+
+    #[test]
+    fn an_unreadable_store_admits_with_a_warning() {
+        let StoreVerdict::Warn(warning) = verdict(&recovering(&at(10)), Err("connection refused".into())) else {
+            panic!("an unreachable store is no reason to deny")
+        };
+        assert!(warning.contains("not checked against the store (connection refused)"), "{warning}");
+    }
+
+    #[test]
+    fn a_truncated_listing_cannot_deny_a_late_time() {
+        let StoreVerdict::Warn(warning) = verdict(&recovering(&at(40)), Ok(contents(true))) else {
+            panic!("the window's end is unknown when the listing was cut")
+        };
+        assert!(warning.contains("more than 10000 objects"), "{warning}");
+    }
+
+    struct Slow;
+    impl RecoverySourceReader for Slow {
+        fn read<'a>(&'a self, _: &'a DatabaseService) -> ReadFuture<'a> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(StoreContents::default())
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_store_is_given_three_seconds() {
+        let started = tokio::time::Instant::now();
+        let outcome = check(&Slow, &recovering(&at(10))).await;
+        assert_eq!(started.elapsed(), STORE_CHECK_TIMEOUT);
+        assert!(matches!(outcome, StoreVerdict::Warn(warning) if warning.contains("no answer within 3 s")));
+    }
+}

@@ -1,0 +1,402 @@
+//! The one validation function, pure, shared by the admission webhook and the reconciler.
+//!
+//! Every violation is reported at once with its field path, in the style of Kubernetes field
+//! errors (`spec.version: Invalid value: "latest": must match ...`).
+
+pub use crate::admission::field_error::{FieldError, FieldErrorKind, ValidationOutcome};
+use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
+pub use crate::api::version::{major_version, VERSION_PATTERN};
+use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
+use chrono::NaiveDate;
+use std::sync::LazyLock;
+
+/// Oldest supported PostgreSQL major version.
+pub const OLDEST_SUPPORTED_MAJOR: u32 = 13;
+/// Newest supported PostgreSQL major version.
+pub const NEWEST_SUPPORTED_MAJOR: u32 = 18;
+/// Longest DatabaseService name: child names add suffixes such as "-replicas" and the
+/// StatefulSet's pods carry a revision hash label that must stay within 63 characters.
+pub const MAX_NAME_LENGTH: usize = 52;
+
+/// End of community support for each major (PostgreSQL versioning policy: five years).
+const END_OF_LIFE: [(u32, (i32, u32, u32)); 6] = [
+    (13, (2025, 11, 13)),
+    (14, (2026, 11, 12)),
+    (15, (2027, 11, 11)),
+    (16, (2028, 11, 9)),
+    (17, (2029, 11, 8)),
+    (18, (2030, 11, 14)),
+];
+
+static IDENTIFIER_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^[a-z_][a-z0-9_]*$").expect("identifier pattern compiles"));
+static DNS_LABEL_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("label pattern compiles"));
+
+/// Longest `spec.image` accepted: a 255-character repository name, a 128-character tag and a
+/// sha512 digest fit.
+pub const MAX_IMAGE_LENGTH: usize = 512;
+/// Longest repository name, registry included (distribution/reference NameTotalLengthMax).
+pub const MAX_IMAGE_NAME_LENGTH: usize = 255;
+/// Longest DNS subdomain (RFC 1123), the limit of a StorageClass name.
+pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
+
+/// The OCI / distribution reference grammar (github.com/distribution/reference, regexp.go),
+/// anchored: capture 1 is the name, 2 the tag, 3 the digest. The repository path is lowercase;
+/// only the registry host may have uppercase letters.
+const IMAGE_PATTERN: &str = concat!(
+    // name: optional registry host (domain or [IPv6]) with optional port, then the path
+    r"^((?:(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*",
+    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?",
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)",
+    // tag
+    r"(?::([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?",
+    // digest
+    r"(@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$",
+);
+
+static IMAGE_REGEX: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(IMAGE_PATTERN).expect("image pattern compiles"));
+static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        .expect("subdomain pattern compiles")
+});
+
+/// Inputs of validation that come from the operator's configuration or the clock.
+#[derive(Clone, Debug)]
+pub struct ValidationSettings {
+    /// Smallest allowed `spec.storageSize`, as written by the operator's flag (for messages).
+    pub min_storage_size: String,
+    /// The same minimum in bytes.
+    pub min_storage_bytes: u128,
+    /// Today's date, for end-of-life warnings.
+    pub today: NaiveDate,
+}
+
+impl ValidationSettings {
+    /// Settings with the given minimum storage size and today's date.
+    pub fn new(min_storage_size: &str) -> Result<Self, crate::quantity::ParseQuantityError> {
+        Ok(Self {
+            min_storage_bytes: parse_bytes(min_storage_size)?,
+            min_storage_size: min_storage_size.to_string(),
+            today: chrono::Utc::now().date_naive(),
+        })
+    }
+}
+
+/// Validates a DatabaseService, on creation (`old` is None) or on update.
+///
+/// Objects being deleted and updates that leave the spec unchanged (status, finalizers,
+/// labels) are never blocked, so that the controller can always finish its work.
+pub fn validate(
+    object: &DatabaseService,
+    old: Option<&DatabaseService>,
+    settings: &ValidationSettings,
+) -> ValidationOutcome {
+    let mut outcome = ValidationOutcome::default();
+    if object.metadata.deletion_timestamp.is_some() {
+        return outcome;
+    }
+    if let Some(old) = old {
+        if old.spec == object.spec {
+            return outcome;
+        }
+    }
+    if let Some(name) = object.metadata.name.as_deref() {
+        validate_name(name, &mut outcome.errors);
+    }
+    let spec = &object.spec;
+    validate_version(&spec.version, &mut outcome.errors);
+    validate_storage(spec, settings, &mut outcome.errors);
+    if let Some(replicas) = spec.replicas {
+        if !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas) {
+            outcome.errors.push(FieldError::invalid(
+                "spec.replicas",
+                replicas,
+                format!("must be between {MIN_REPLICAS} and {MAX_REPLICAS}"),
+            ));
+        }
+    }
+    validate_identifier("spec.databaseName", &spec.database_name, &mut outcome.errors);
+    validate_identifier("spec.username", &spec.username, &mut outcome.errors);
+    if spec.username == "postgres" || spec.username.starts_with("pg_") {
+        outcome.errors.push(FieldError {
+            path: "spec.username".into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: format!(
+                "{:?} is reserved: \"postgres\" and names starting with \"pg_\" belong to PostgreSQL",
+                spec.username
+            ),
+        });
+    }
+    if let Some(image) = spec.image.as_deref() {
+        validate_image(image, &mut outcome.errors);
+    }
+    if let Some(storage_class) = spec.storage_class_name.as_deref() {
+        validate_storage_class(storage_class, &mut outcome.errors);
+    }
+    let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
+    crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
+    if let Some(failover) = &spec.failover {
+        validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
+    }
+    if let Some(old) = old {
+        validate_update(&old.spec, spec, &mut outcome.errors);
+    }
+    outcome.warnings = warnings(spec, settings);
+    outcome
+}
+
+/// Longest failover delay and switchover timeout, in seconds.
+pub const MAX_FAILOVER_SECONDS: u32 = 3600;
+/// Shortest switchover timeout, in seconds: a clean stop and a promotion take a few seconds.
+pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
+/// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
+pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
+
+fn validate_failover(failover: &FailoverSpec, replicas: i32, errors: &mut Vec<FieldError>) {
+    let standbys = u32::try_from(replicas.saturating_sub(1)).unwrap_or(0);
+    if let Some(count) = failover.synchronous_standbys.filter(|count| *count > standbys) {
+        errors.push(FieldError::invalid(
+            "spec.failover.synchronousStandbys",
+            count,
+            format!("must be at most replicas - 1 = {standbys}: commits would wait for standbys that do not exist"),
+        ));
+    }
+    if let Some(delay) = failover.delay_seconds.filter(|delay| *delay > MAX_FAILOVER_SECONDS) {
+        errors.push(FieldError::invalid(
+            "spec.failover.delaySeconds",
+            delay,
+            format!("must be at most {MAX_FAILOVER_SECONDS}"),
+        ));
+    }
+    if let Some(lag) = failover.maximum_lag_bytes.filter(|lag| *lag > MAX_FAILOVER_LAG_BYTES) {
+        errors.push(FieldError::invalid(
+            "spec.failover.maximumLagBytes",
+            lag,
+            format!("must be at most {MAX_FAILOVER_LAG_BYTES} (1 TiB)"),
+        ));
+    }
+    if let Some(timeout) = failover
+        .switchover_timeout_seconds
+        .filter(|timeout| !(MIN_SWITCHOVER_TIMEOUT_SECONDS..=MAX_FAILOVER_SECONDS).contains(timeout))
+    {
+        errors.push(FieldError::invalid(
+            "spec.failover.switchoverTimeoutSeconds",
+            timeout,
+            format!("must be between {MIN_SWITCHOVER_TIMEOUT_SECONDS} and {MAX_FAILOVER_SECONDS}"),
+        ));
+    }
+}
+
+fn validate_name(name: &str, errors: &mut Vec<FieldError>) {
+    if name.len() > MAX_NAME_LENGTH || !DNS_LABEL_REGEX.is_match(name) {
+        errors.push(FieldError::invalid(
+            "metadata.name",
+            name,
+            format!(
+                "must be a lowercase DNS label of at most {MAX_NAME_LENGTH} characters (letters, digits and '-', starting with a letter), because it names Services and pods"
+            ),
+        ));
+    }
+}
+
+fn validate_version(version: &str, errors: &mut Vec<FieldError>) {
+    if version.is_empty() {
+        errors.push(FieldError {
+            path: "spec.version".into(),
+            kind: FieldErrorKind::Required,
+            detail: format!("must match {VERSION_PATTERN}"),
+        });
+        return;
+    }
+    match major_version(version) {
+        None => errors.push(FieldError::invalid("spec.version", version, format!("must match {VERSION_PATTERN}"))),
+        Some(major) if !(OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(&major) => errors.push(FieldError {
+            path: "spec.version".into(),
+            kind: FieldErrorKind::Unsupported(version.to_string()),
+            detail: format!("supported major versions are {OLDEST_SUPPORTED_MAJOR} to {NEWEST_SUPPORTED_MAJOR}"),
+        }),
+        Some(_) => {}
+    }
+}
+
+fn validate_storage(spec: &DatabaseServiceSpec, settings: &ValidationSettings, errors: &mut Vec<FieldError>) {
+    if spec.storage_size.is_empty() {
+        errors.push(FieldError {
+            path: "spec.storageSize".into(),
+            kind: FieldErrorKind::Required,
+            detail: "must be a quantity such as 10Gi".into(),
+        });
+        return;
+    }
+    match parse_bytes(&spec.storage_size) {
+        Err(ParseQuantityError::Malformed(_)) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            shown(&spec.storage_size),
+            "must be a quantity such as 10Gi (a number with an optional suffix Ki, Mi, Gi, Ti, k, M, G, T or an exponent such as e9, no spaces)",
+        )),
+        Err(ParseQuantityError::Negative(_)) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            &spec.storage_size,
+            format!("must be at least {}", settings.min_storage_size),
+        )),
+        Err(ParseQuantityError::TooLarge(_)) => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            shown(&spec.storage_size),
+            format!("must be at most 8Ei ({MAX_BYTES} bytes)"),
+        )),
+        Ok(bytes) if bytes < settings.min_storage_bytes => errors.push(FieldError::invalid(
+            "spec.storageSize",
+            &spec.storage_size,
+            format!("must be at least {}", settings.min_storage_size),
+        )),
+        Ok(_) => {}
+    }
+}
+
+fn validate_identifier(path: &str, value: &str, errors: &mut Vec<FieldError>) {
+    if value.is_empty() {
+        errors.push(FieldError {
+            path: path.into(),
+            kind: FieldErrorKind::Required,
+            detail: "must be a PostgreSQL identifier".into(),
+        });
+    } else if value.len() > 63 || !IDENTIFIER_REGEX.is_match(value) {
+        errors.push(FieldError::invalid(
+            path,
+            value,
+            "must be a PostgreSQL identifier: a lowercase letter or '_' first, then lowercase letters, digits or '_', at most 63 bytes",
+        ));
+    }
+}
+
+/// The tag of an image reference, if it has one (a digest reference has none).
+pub fn image_tag(image: &str) -> Option<&str> {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last_segment = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    last_segment.split_once(':').map(|(_, tag)| tag)
+}
+
+fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
+    if image.len() > MAX_IMAGE_LENGTH {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            format!("must be at most {MAX_IMAGE_LENGTH} characters"),
+        ));
+        return;
+    }
+    let Some(captures) = IMAGE_REGEX.captures(image) else {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            "must be an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lowercase letters, digits and separators (. _ __ -), the tag at most 128 word characters, '.' or '-'",
+        ));
+        return;
+    };
+    let name = captures.get(1).map_or("", |name| name.as_str());
+    if name.len() > MAX_IMAGE_NAME_LENGTH {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            shown(image),
+            format!("repository name must be at most {MAX_IMAGE_NAME_LENGTH} characters"),
+        ));
+        return;
+    }
+    // A digest pins the image whatever the tag says.
+    let has_digest = captures.get(3).is_some();
+    let tag = captures.get(2).map(|tag| tag.as_str());
+    if !has_digest && matches!(tag, None | Some("latest")) {
+        errors.push(FieldError::invalid(
+            "spec.image",
+            image,
+            "must name an explicit tag or digest other than \"latest\", so that every instance runs the same version",
+        ));
+    }
+}
+
+fn validate_storage_class(name: &str, errors: &mut Vec<FieldError>) {
+    if name.len() > MAX_DNS_SUBDOMAIN_LENGTH || !DNS_SUBDOMAIN_REGEX.is_match(name) {
+        errors.push(FieldError::invalid(
+            "spec.storageClassName",
+            shown(name),
+            format!("must be the name of a StorageClass: a lowercase RFC 1123 subdomain of at most {MAX_DNS_SUBDOMAIN_LENGTH} characters (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"),
+        ));
+    }
+}
+
+/// A value as quoted in a message: long values are cut, so that a denial stays readable and
+/// small (control and bidirectional characters are escaped by the `{:?}` of the message).
+fn shown(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}... ({} bytes)", &value[..cut], value.len()),
+        None => value.to_string(),
+    }
+}
+
+fn validate_update(old: &DatabaseServiceSpec, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
+    let immutable = |path: &str, old_value: String, new_value: String, errors: &mut Vec<FieldError>| {
+        if old_value != new_value {
+            errors.push(FieldError::invalid(path, new_value, format!("field is immutable (was {old_value:?})")));
+        }
+    };
+    immutable("spec.databaseName", old.database_name.clone(), new.database_name.clone(), errors);
+    immutable("spec.username", old.username.clone(), new.username.clone(), errors);
+    immutable(
+        "spec.storageClassName",
+        old.storage_class_name.clone().unwrap_or_default(),
+        new.storage_class_name.clone().unwrap_or_default(),
+        errors,
+    );
+    if let (Ok(old_bytes), Ok(new_bytes)) = (parse_bytes(&old.storage_size), parse_bytes(&new.storage_size)) {
+        if new_bytes < old_bytes {
+            errors.push(FieldError::invalid(
+                "spec.storageSize",
+                &new.storage_size,
+                format!("may grow but never shrink (was {:?}): volumes cannot be made smaller", old.storage_size),
+            ));
+        }
+    }
+    if let (Some(old_major), Some(new_major)) = (major_version(&old.version), major_version(&new.version)) {
+        if old_major != new_major {
+            errors.push(FieldError {
+                path: "spec.version".into(),
+                kind: FieldErrorKind::Forbidden,
+                detail: format!(
+                    "changing the major version from {old_major} to {new_major} is not supported: major upgrades need pg_upgrade; only minor versions within {old_major} may change"
+                ),
+            });
+        }
+    }
+}
+
+fn warnings(spec: &DatabaseServiceSpec, settings: &ValidationSettings) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(major) = major_version(&spec.version) {
+        let end_of_life = END_OF_LIFE
+            .iter()
+            .find(|(eol_major, _)| *eol_major == major)
+            .and_then(|(_, (year, month, day))| NaiveDate::from_ymd_opt(*year, *month, *day));
+        if let Some(end_of_life) = end_of_life {
+            if settings.today >= end_of_life {
+                warnings.push(format!(
+                    "spec.version: PostgreSQL {major} reached end of life on {end_of_life} and receives no more fixes; plan a move to a newer major"
+                ));
+            }
+        }
+    }
+    if spec.replicas_or_default() > 1 && spec.resources.is_none() {
+        warnings.push(
+            "spec.resources: replicas > 1 without resources: standbys may be scheduled where they starve the primary; set requests and limits".into(),
+        );
+    }
+    if spec.deletion_policy == Some(crate::api::database_service::DeletionPolicy::Delete) {
+        warnings.push(
+            "spec.deletionPolicy: Delete removes the data volumes and credentials together with the DatabaseService"
+                .into(),
+        );
+    }
+    warnings
+}

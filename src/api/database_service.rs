@@ -1,0 +1,286 @@
+//! The `DatabaseService` custom resource (`dbservice.dev/v1`): the Rust types are the single
+//! source of truth for the CRD (see [`crate::api::crd`]).
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every resource this operator owns.
+pub const GROUP: &str = "dbservice.dev";
+/// Finalizer that lets the controller apply the deletion policy before the object goes away.
+pub const FINALIZER: &str = "dbservice.dev/cleanup";
+/// Field manager used for every server-side apply the operator makes.
+pub const FIELD_MANAGER: &str = "dbservice-operator";
+/// Default number of PostgreSQL instances (one primary, no standby).
+pub const DEFAULT_REPLICAS: i32 = 1;
+/// Fewest instances a DatabaseService may ask for.
+pub const MIN_REPLICAS: i32 = 1;
+/// Most instances a DatabaseService may ask for (one primary plus four standbys).
+pub const MAX_REPLICAS: i32 = 5;
+
+/// Desired state of a PostgreSQL database service.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "dbservice.dev",
+    version = "v1",
+    kind = "DatabaseService",
+    plural = "databaseservices",
+    shortname = "dbs",
+    shortname = "dbsvc",
+    namespaced,
+    status = "DatabaseServiceStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseServiceSpec {
+    /// PostgreSQL version, e.g. "16" or "16.4"; the major must be supported (13 to 18).
+    pub version: String,
+    /// Size of each instance's data volume, a Kubernetes quantity such as "10Gi"; it may grow, never shrink.
+    pub storage_size: String,
+    /// Number of instances: one primary plus streaming standbys. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 5))]
+    pub replicas: Option<i32>,
+    /// Name of the application database; immutable.
+    #[schemars(length(min = 1, max = 63))]
+    pub database_name: String,
+    /// Name of the application role; immutable, not "postgres" and not starting with "pg_".
+    #[schemars(length(min = 1, max = 63))]
+    pub username: String,
+    /// Container image; defaults to postgres:<version>. The tag must not be "latest".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub image: Option<String>,
+    /// StorageClass of the data volumes; the cluster default when absent. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub storage_class_name: Option<String>,
+    /// CPU and memory for the PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// What happens to the volumes and the credentials when the DatabaseService is deleted. Defaults to Retain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+    /// Stop reconciling (for maintenance); the objects are left as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    /// Continuous WAL archiving and base backups to an S3-compatible object store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<crate::api::backup::BackupSpec>,
+    /// How a new database gets its first data: empty (default) or recovered from backups. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<crate::api::backup::BootstrapSpec>,
+    /// Failover, switchover and fencing settings (all optional, with safe defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverSpec>,
+}
+
+/// Failover and switchover settings (spec.failover), validated by the webhook. A switchover is
+/// asked for with the annotation `dbservice.dev/switchover-to: <instance>` on the DatabaseService,
+/// fencing by hand with `dbservice.dev/fenced-instances: <instance>[,<instance>...]`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverSpec {
+    /// Seconds the primary must stay unhealthy before a failover starts (default 0, at most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<u32>,
+    /// A standby further behind than this many bytes of WAL is never promoted by a failover
+    /// (default 16777216 = 16 MiB; at least 0, at most 1 TiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_lag_bytes: Option<u64>,
+    /// Seconds a switchover may take before it is abandoned (default 30, from 5 to 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover_timeout_seconds: Option<u32>,
+    /// Standbys that must confirm each commit before it is acknowledged (default 0: asynchronous
+    /// replication; at most replicas - 1). With k > 0 the primary sets
+    /// `synchronous_standby_names = 'ANY k (<every other instance>)'`; while fewer than k standbys
+    /// are connected, commits wait (durability over availability: an acknowledged commit is
+    /// never on the primary alone), and a failover promotes only the most advanced of a quorum of
+    /// standbys that reported their final positions, so that it loses no acknowledged commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous_standbys: Option<u32>,
+}
+
+/// Fate of the data volumes and the credentials Secret on deletion.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Keep PVCs and the credentials Secret (ownerReferences removed so nothing collects them).
+    #[default]
+    Retain,
+    /// Delete PVCs and the credentials Secret with the DatabaseService.
+    Delete,
+}
+
+impl std::fmt::Display for DeletionPolicy {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            DeletionPolicy::Retain => "Retain",
+            DeletionPolicy::Delete => "Delete",
+        })
+    }
+}
+
+/// Observed state, written by the controller only when it changes.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseServiceStatus {
+    /// Failover state: currentPrimary, targetPrimary, timeline, the transition in progress.
+    #[serde(flatten)]
+    pub failover: crate::api::failover::FailoverStatus,
+    /// The instances with their roles and lag (from their agents' reports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub instances: Vec<crate::api::failover::InstanceStatus>,
+    /// Summary: Provisioning, Running, Updating, Degraded, RollingBack, Failed or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Ready, Progressing, Degraded, InvalidSpec, StorageReady, RolledBack, CredentialsReady.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Instances passing their readiness probe.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Version the workload runs now (may differ from spec after a rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// Last version that ran with every instance ready; the rollback target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stable_version: Option<String>,
+    /// Image of the last stable version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stable_image: Option<String>,
+    /// Requested size and binding state of the data volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageStatus>,
+    /// A version that failed to become healthy; not retried until the spec changes again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_version: Option<String>,
+    /// The generation whose version change was rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_generation: Option<i64>,
+    /// When the current rollout started (RFC 3339); set once per rollout, not on every pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_started_at: Option<String>,
+    /// Restarts made for the current unhealthy episode (drives the exponential backoff).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restart_count: i32,
+    /// When the last restart was made (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restart_at: Option<String>,
+    /// When standbys were last scaled away (RFC 3339); the restore probe waits from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_at: Option<String>,
+    /// Instances actually scheduled when standbys were scaled away for lack of resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_replicas: Option<i32>,
+    /// Recovery from another database's backups (spec.bootstrap.recovery), as its first
+    /// instance reports it: phase, backup, target, timings, the last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::api::recovery::RecoveryStatus>,
+}
+
+fn is_zero(value: &i32) -> bool {
+    *value == 0
+}
+
+/// Data volume summary.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageStatus {
+    /// Requested size per instance.
+    pub requested: String,
+    /// PVCs bound out of those expected.
+    pub bound_claims: i32,
+    /// PVCs expected (one per instance).
+    pub expected_claims: i32,
+}
+
+/// Lifecycle summary shown in `kubectl get dbs`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Objects are being created and the first instance is not ready yet.
+    Provisioning,
+    /// Every instance is ready on the desired version.
+    Running,
+    /// A spec change is rolling out.
+    Updating,
+    /// The primary is ready but some standbys are missing.
+    Degraded,
+    /// A version change failed and the workload is going back to the last stable version.
+    RollingBack,
+    /// The spec is invalid or the database cannot become ready.
+    Failed,
+    /// The DatabaseService is being deleted.
+    Deleting,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, formatter)
+    }
+}
+
+impl DatabaseServiceSpec {
+    /// The failover settings, with the defaults for what is not set.
+    pub fn failover_settings(&self) -> crate::api::failover::FailoverSettings {
+        let defaults = crate::api::failover::FailoverSettings::default();
+        let Some(spec) = &self.failover else { return defaults };
+        let seconds = |value: Option<u32>, default: std::time::Duration| {
+            value.map_or(default, |value| std::time::Duration::from_secs(value.into()))
+        };
+        crate::api::failover::FailoverSettings {
+            failover_delay: seconds(spec.delay_seconds, defaults.failover_delay),
+            maximum_lag_bytes: spec.maximum_lag_bytes.unwrap_or(defaults.maximum_lag_bytes),
+            switchover_timeout: seconds(spec.switchover_timeout_seconds, defaults.switchover_timeout),
+            synchronous_standbys: spec.synchronous_standbys.unwrap_or(defaults.synchronous_standbys),
+            ..defaults
+        }
+    }
+
+    /// Replicas with the default applied.
+    pub fn replicas_or_default(&self) -> i32 {
+        self.replicas.unwrap_or(DEFAULT_REPLICAS)
+    }
+
+    /// Image with the default applied.
+    pub fn image_or_default(&self) -> String {
+        self.image.clone().unwrap_or_else(|| default_image(&self.version))
+    }
+
+    /// Deletion policy with the default applied.
+    pub fn deletion_policy_or_default(&self) -> DeletionPolicy {
+        self.deletion_policy.unwrap_or_default()
+    }
+
+    /// Whether reconciliation is paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.unwrap_or(false)
+    }
+}
+
+/// The official image for a PostgreSQL version.
+pub fn default_image(version: &str) -> String {
+    format!("postgres:{version}")
+}
+
+/// Instances fenced by hand, from the DatabaseService annotation.
+pub fn fenced_instances(database: &DatabaseService) -> Vec<String> {
+    database
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(crate::api::failover::FENCED_ANNOTATION))
+        .map(|list| list.split(',').map(str::trim).filter(|name| !name.is_empty()).map(String::from).collect())
+        .unwrap_or_default()
+}

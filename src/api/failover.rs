@@ -1,0 +1,197 @@
+//! The failover part of the API: `spec.failover` settings, `status.failover`, and the reports
+//! instance agents publish on their pods (the contract between the agent and the operator).
+
+use crate::lsn::Lsn;
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Pod annotation holding an instance agent's [`InstanceReport`] as JSON (written only on change).
+pub const INSTANCE_REPORT_ANNOTATION: &str = "dbservice.dev/instance";
+/// DatabaseService annotation listing instances a person fenced: `name-0,name-2`.
+pub const FENCED_ANNOTATION: &str = "dbservice.dev/fenced-instances";
+/// Annotation a person sets on a DatabaseService to switch over: the name of the standby to promote.
+pub const SWITCHOVER_ANNOTATION: &str = "dbservice.dev/switchover-to";
+/// `targetPrimary` while a failover looks for the best standby.
+pub const PENDING: &str = "pending";
+
+/// What a PostgreSQL instance is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    /// Accepts writes (not in recovery).
+    Primary,
+    /// In recovery: replays WAL from a primary.
+    Standby,
+}
+
+/// What an instance agent publishes about its PostgreSQL, on change only (positions of a standby
+/// that streams are not republished as they advance: only at state changes such as the end of a
+/// WAL receiver, which is when failover needs them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceReport {
+    /// Role of the data directory (the last known one while PostgreSQL is down).
+    pub role: Role,
+    /// Timeline the instance is on.
+    pub timeline: u32,
+    /// Standby: last WAL position received and flushed (`pg_last_wal_receive_lsn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_lsn: Option<Lsn>,
+    /// Standby: last WAL position replayed (`pg_last_wal_replay_lsn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lsn: Option<Lsn>,
+    /// Standby: the WAL receiver is connected to a primary.
+    pub wal_receiver: bool,
+    /// PostgreSQL answers queries.
+    pub postgres_ready: bool,
+    /// A person fenced the instance (the agent keeps PostgreSQL stopped). Self-fencing is not
+    /// reported here: a primary that fenced itself is unhealthy and is failed over.
+    pub fenced: bool,
+    /// The data volume is full: failing over would not help.
+    pub disk_full: bool,
+    /// Set by a primary that stopped cleanly: its shutdown checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_checkpoint_lsn: Option<Lsn>,
+    /// Primary with WAL archiving on: whether `archive_command` succeeds (from pg_stat_archiver).
+    /// Republished only when archiving turns healthy or failing, or fails on another segment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archiving: Option<ArchivingReport>,
+}
+
+/// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchivingReport {
+    /// The last attempt failed (no success since the last failure).
+    pub failing: bool,
+    /// Failing: when the first failure of the current streak was seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<DateTime<Utc>>,
+    /// Failing: the WAL segment PostgreSQL could not archive (it keeps it in pg_wal and retries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_wal: Option<String>,
+}
+
+/// What the API shows of an instance's pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// No pod object: the kubelet has confirmed its containers stopped (or it was never created).
+    Gone,
+    /// The pod exists but is not Ready (or is terminating).
+    NotReady,
+    /// The pod is Ready.
+    Ready,
+}
+
+/// One instance as observed by the operator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceObservation {
+    /// Instance (pod) name.
+    pub name: String,
+    /// Its pod.
+    pub pod: PodState,
+    /// Its agent's last report, if any.
+    pub report: Option<InstanceReport>,
+    /// Fenced by a person (DatabaseService annotation).
+    pub fenced_by_hand: bool,
+}
+
+/// Kind of primary change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TransitionKind {
+    /// The primary failed.
+    Failover,
+    /// A person asked for another primary.
+    Switchover,
+}
+
+/// A primary change in progress.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Transition {
+    /// Failover or switchover.
+    pub kind: TransitionKind,
+    /// The primary being replaced.
+    pub from: String,
+    /// When it started (timings in events and the ledger are measured from here).
+    #[schemars(with = "String")]
+    pub started_at: DateTime<Utc>,
+}
+
+/// Failover state persisted in the DatabaseService status: everything [`decide`] needs to resume.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverStatus {
+    /// The instance behind Service `<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// The instance that should be primary: equal to `current_primary` at rest, another name while
+    /// it is promoted, [`PENDING`] while a failover looks for a candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+    /// When the current primary was first seen unhealthy (the failover delay counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub primary_failing_since: Option<DateTime<Utc>>,
+    /// The primary change in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition: Option<Transition>,
+    /// Timeline of the current primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+}
+
+/// One instance as shown in the DatabaseService status (from its agent's last report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Instance (pod) name.
+    pub name: String,
+    /// primary, standby, or unknown while its agent has not reported.
+    pub role: String,
+    /// PostgreSQL answers queries.
+    pub ready: bool,
+    /// Standby: WAL receiver connected to the primary.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub streaming: bool,
+    /// Standby: bytes behind the primary's last known position, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<u64>,
+    /// Timeline it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
+}
+
+/// Failover settings (spec.failover, validated by the webhook).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailoverSettings {
+    /// How long the primary must stay unhealthy before a failover starts.
+    pub failover_delay: Duration,
+    /// A standby further behind than this many bytes is never promoted by a failover.
+    pub maximum_lag_bytes: u64,
+    /// How long standbys get to stop their WAL receivers and report final positions.
+    pub standby_report_timeout: Duration,
+    /// A failover with no eligible candidate for this long is abandoned (and retried later).
+    pub candidate_timeout: Duration,
+    /// A switchover that has not completed in this long is abandoned (or becomes a failover).
+    pub switchover_timeout: Duration,
+    /// Standbys that confirm each commit (0: asynchronous). A failover then waits for the final
+    /// positions of a quorum of them ([`quorum`]) and promotes only the most advanced of those.
+    pub synchronous_standbys: u32,
+}
+
+impl Default for FailoverSettings {
+    fn default() -> Self {
+        FailoverSettings {
+            failover_delay: Duration::ZERO,
+            maximum_lag_bytes: 16 * 1024 * 1024,
+            standby_report_timeout: Duration::from_secs(10),
+            candidate_timeout: Duration::from_secs(60),
+            switchover_timeout: Duration::from_secs(30),
+            synchronous_standbys: 0,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Names, labels and owner references of the children of a DatabaseService: the vocabulary every
+//! other controller module shares (and so the one module that imports none of them).
+
+use crate::api::database_service::DatabaseService;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+/// Label carrying the instance name on every child.
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// Label saying who manages an object.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`] on everything the operator creates.
+pub const MANAGED_BY: &str = "dbservice-operator";
+/// Label selector of every child of every DatabaseService: the scope of every watch.
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=dbservice-operator";
+/// Label the operator puts on pods: primary or standby.
+pub const ROLE_LABEL: &str = "dbservice.dev/role";
+/// Name of the data volume claim template (PVCs are named data-NAME-N).
+pub const DATA_VOLUME: &str = "data";
+
+/// Names of every child object of one DatabaseService.
+pub struct ChildNames;
+
+impl ChildNames {
+    /// Credentials Secret.
+    pub fn credentials(name: &str) -> String {
+        format!("{name}-credentials")
+    }
+    /// Scripts ConfigMap.
+    pub fn scripts(name: &str) -> String {
+        format!("{name}-scripts")
+    }
+    /// Ledger ConfigMap.
+    pub fn ledger(name: &str) -> String {
+        format!("{name}-ledger")
+    }
+    /// Standby Service.
+    pub fn replicas_service(name: &str) -> String {
+        format!("{name}-replicas")
+    }
+    /// Headless Service giving pods stable DNS names.
+    pub fn headless_service(name: &str) -> String {
+        format!("{name}-headless")
+    }
+    /// ServiceAccount, Role and RoleBinding of the instance agents.
+    pub fn instance_account(name: &str) -> String {
+        format!("{name}-instance")
+    }
+    /// Data PVC of instance `ordinal`.
+    pub fn claim(name: &str, ordinal: i32) -> String {
+        format!("{DATA_VOLUME}-{name}-{ordinal}")
+    }
+}
+
+/// Labels shared by every child; also the pod selector.
+pub fn selector_labels(name: &str) -> BTreeMap<String, String> {
+    [("app.kubernetes.io/name".to_string(), "postgresql".to_string()), (INSTANCE_LABEL.to_string(), name.to_string())]
+        .into()
+}
+
+/// Selector labels plus the managed-by label.
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(name);
+    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    labels
+}
+
+/// Label selector string matching every child of `name`.
+pub fn label_selector(name: &str) -> String {
+    format!("{INSTANCE_LABEL}={name},{MANAGED_SELECTOR}")
+}
+
+/// Key under which a cached ConfigMap keeps the fingerprint of its data.
+pub const FINGERPRINT_KEY: &str = "dbservice.dev/fingerprint";
+
+/// Whether `object` carries the labels the operator puts on the children of `name`.
+pub fn is_labelled_child_of<K: ResourceExt>(object: &K, name: &str) -> bool {
+    let labels = object.labels();
+    labels.get(INSTANCE_LABEL).map(String::as_str) == Some(name)
+        && labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+}
+
+/// Owner reference making the DatabaseService the controller of a child.
+pub fn owner_reference(database: &DatabaseService) -> OwnerReference {
+    database.controller_owner_ref(&()).expect("a stored DatabaseService has a name and uid")
+}
+
+/// Whether `object` names the DatabaseService with `uid` among its owners.
+pub fn is_owned_by<K: ResourceExt>(object: &K, uid: &str) -> bool {
+    !uid.is_empty() && object.owner_references().iter().any(|reference| reference.uid == uid)
+}
+
+/// Role of a pod from its StatefulSet ordinal: instance 0 is the primary.
+pub fn role_of_pod(pod_name: &str) -> &'static str {
+    if pod_name.rsplit('-').next() == Some("0") {
+        "primary"
+    } else {
+        "standby"
+    }
+}
+
+/// The resource kind and name of an object, for events and the ledger.
+pub fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!("{}/{}", K::kind(&()), object.meta().name.clone().unwrap_or_default())
+}
+
+/// Name of the primary Lease of database `name`.
+pub fn primary_lease_name(name: &str) -> String {
+    format!("{name}-primary")
+}

@@ -1,0 +1,19 @@
+//! The contract between the operator and the database pods it builds: where the data and the
+//! agent's binary live, the port, the replication role, the restart stamp. Both sides read these.
+
+/// PostgreSQL port.
+pub const POSTGRES_PORT: i32 = 5432;
+/// Role used by standbys to stream from the primary.
+pub const REPLICATION_USER: &str = "replicator";
+/// Pod-template annotation whose change restarts every pod (like `kubectl rollout restart`).
+pub const RESTART_ANNOTATION: &str = "dbservice.dev/restartedAt";
+/// Where PostgreSQL keeps its data inside the data volume (a subdirectory, so lost+found is no problem).
+pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+/// emptyDir the init container copies the instance agent into (shared convention of the pod template).
+pub const AGENT_VOLUME: &str = "dbservice-bin";
+/// Where [`AGENT_VOLUME`] is mounted in the init and postgres containers.
+pub const AGENT_DIRECTORY: &str = "/dbservice/bin";
+/// The init container that copies the agent.
+pub const AGENT_INIT_CONTAINER: &str = "install-dbservice";
+/// Path of the operator binary in the operator image.
+pub const OPERATOR_BINARY: &str = "/usr/local/bin/dbservice-operator";

@@ -1,0 +1,113 @@
+//! Build (pure): what the instance agents of one database may do in the API, and the primary Lease
+//! they contend for. Least privilege: read and watch their one DatabaseService, publish reports on
+//! the instances' own pods, read and replace the one Lease; nothing else.
+
+use crate::api::database_service::{DatabaseService, GROUP, MAX_REPLICAS};
+use crate::api::names::primary_lease_name;
+use crate::api::names::{labels, owner_reference, ChildNames};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+
+/// The agents' account, its Role and binding, and the primary Lease.
+#[derive(Clone, Debug)]
+pub struct InstanceAccess {
+    /// ServiceAccount NAME-instance.
+    pub service_account: ServiceAccount,
+    /// Role NAME-instance.
+    pub role: Role,
+    /// RoleBinding NAME-instance.
+    pub role_binding: RoleBinding,
+    /// Lease NAME-primary, metadata only: its holder is the agents' business.
+    pub lease: Lease,
+}
+
+fn metadata(database: &DatabaseService, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: database.namespace(),
+        labels: Some(labels(&database.name_any())),
+        owner_references: Some(vec![owner_reference(database)]),
+        ..Default::default()
+    }
+}
+
+fn rule(group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: Some(names),
+        verbs: verbs.iter().map(|verb| verb.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Builds the agents' access for `database`. The pod names cover every possible instance, so the
+/// Role does not change when the database scales.
+pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
+    let name = database.name_any();
+    let account = ChildNames::instance_account(&name);
+    let pods = (0..MAX_REPLICAS).map(|ordinal| format!("{name}-{ordinal}")).collect();
+    InstanceAccess {
+        service_account: ServiceAccount {
+            metadata: metadata(database, account.clone()),
+            automount_service_account_token: Some(false),
+            ..Default::default()
+        },
+        role: Role {
+            metadata: metadata(database, account.clone()),
+            rules: Some(vec![
+                // The operator's wishes: status.currentPrimary/targetPrimary, the fencing annotation,
+                // watched (list and watch with a metadata.name field selector: this object only).
+                rule(GROUP, "databaseservices", vec![name.clone()], &["get", "list", "watch"]),
+                // The report annotation on the instance's own pod (patch; get for kubectl-like reads).
+                rule("", "pods", pods, &["get", "patch"]),
+                // The primary Lease: compare-and-swap with update (resourceVersion).
+                rule("coordination.k8s.io", "leases", vec![primary_lease_name(&name)], &["get", "update"]),
+            ]),
+        },
+        role_binding: RoleBinding {
+            metadata: metadata(database, account.clone()),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: account.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: account,
+                namespace: database.namespace(),
+                ..Default::default()
+            }]),
+        },
+        lease: Lease { metadata: metadata(database, primary_lease_name(&name)), spec: None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_get_only_their_database_pods_and_lease() {
+        let mut database = DatabaseService::new("db", Default::default());
+        database.metadata.namespace = Some("ns".into());
+        database.metadata.uid = Some("uid".into());
+        let access = instance_access(&database);
+        let rules = access.role.rules.unwrap();
+        assert_eq!(rules.len(), 3);
+        for rule in &rules {
+            assert!(!rule
+                .verbs
+                .iter()
+                .any(|verb| ["create", "delete", "deletecollection", "*"].contains(&verb.as_str())));
+            assert!(rule.resource_names.as_ref().is_some_and(|names| !names.is_empty()));
+        }
+        assert_eq!(rules[1].resource_names.as_ref().unwrap().len(), MAX_REPLICAS as usize);
+        assert_eq!(rules[2].resource_names.as_deref(), Some(&["db-primary".to_string()][..]));
+        assert_eq!(access.role_binding.subjects.unwrap()[0].name, "db-instance");
+        assert_eq!(access.lease.metadata.name.as_deref(), Some("db-primary"));
+    }
+}

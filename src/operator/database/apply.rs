@@ -1,0 +1,294 @@
+//! Apply: the one write path for children (server-side apply under one field manager, only when
+//! the cached object does not already contain what we want), plus the pod and claim changes
+//! decide asked for, each guarded by a precondition so a stale cache never causes a wrong write.
+
+use crate::api::database_service::{DatabaseService, FIELD_MANAGER};
+use crate::api::failover::SWITCHOVER_ANNOTATION;
+use crate::api::names::primary_lease_name;
+use crate::api::names::{describe, is_labelled_child_of, ROLE_LABEL};
+use crate::lease::LeaseRecord;
+use crate::lease::{lease_record, with_record};
+use crate::operator::caches::diff::{contains_object, LiveValue};
+use crate::operator::caches::Slim;
+use crate::operator::context::PassContext;
+use crate::operator::database::build::{Desired, InstanceAccess};
+use crate::operator::database::decide::{Applied, ApplyOutcome, Workload};
+use crate::operator::database::observe::Observed;
+use crate::operator::server_side_apply;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::json;
+use std::fmt::Debug;
+use std::time::Duration;
+
+/// Applies `desired` unless `live` already contains it; returns what happened and the new resourceVersion.
+pub async fn apply_object<K>(
+    api: &Api<K>,
+    desired: &K,
+    live: Option<&impl LiveValue>,
+    context: &PassContext,
+) -> Result<(ApplyOutcome, Option<String>), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug + Slim,
+{
+    if live.is_some_and(|live| contains_object(live, desired)) {
+        return Ok((ApplyOutcome::Unchanged, None));
+    }
+    let written = server_side_apply::apply(api, desired).await?;
+    context.shared.metrics.count_write(&K::kind(&()), "apply");
+    Ok((if live.is_some() { ApplyOutcome::Updated } else { ApplyOutcome::Created }, written.resource_version()))
+}
+
+/// Apply failed part-way: what was written before the error, and the error.
+#[derive(Debug)]
+pub struct ApplyFailed {
+    /// The children written before the failure (they stay written).
+    pub applied: Applied,
+    /// The first error.
+    pub error: kube::Error,
+}
+
+/// Writes every child of `desired`, then the pod and claim changes of `workload`, and reports
+/// what it did. A credentials Secret name taken by someone else's Secret stops it before any
+/// other write ([`Applied::credentials_conflict`]).
+pub async fn apply(
+    database: &DatabaseService,
+    desired: Desired,
+    workload: &Workload,
+    observed: &Observed,
+    context: &PassContext,
+) -> Result<Applied, ApplyFailed> {
+    let mut applied = Applied::default();
+    match apply_children(database, desired, workload, observed, context, &mut applied).await {
+        Ok(()) => Ok(applied),
+        Err(error) => Err(ApplyFailed { applied, error }),
+    }
+}
+
+async fn apply_children(
+    database: &DatabaseService,
+    desired: Desired,
+    workload: &Workload,
+    observed: &Observed,
+    context: &PassContext,
+    applied: &mut Applied,
+) -> Result<(), kube::Error> {
+    let Desired { credentials, scripts, services, stateful_set, instance_access } = desired;
+    let namespace = database.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", database.name_any());
+    let client = &context.shared.client;
+    if let Some(secret) = credentials {
+        if !create_credentials(database, &secret, context, &key).await? {
+            applied.credentials_conflict = true;
+            return Ok(());
+        }
+    }
+    // The scripts, the Services and the agents' access do not depend on each other: written at
+    // once, a first pass waits for one round trip instead of one per object. The StatefulSet
+    // comes after them, since its pods mount the scripts and run as the agents' account.
+    let config_maps = Api::namespaced(client.clone(), &namespace);
+    let services_api = Api::namespaced(client.clone(), &namespace);
+    let access_needed = instance_access.as_ref().filter(|_| {
+        // Written with the StatefulSet (they change together: created with it, or for a new
+        // operator version); never in a steady pass.
+        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set))
+    });
+    let (scripts_applied, services_applied, access_applied) = tokio::join!(
+        apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context),
+        futures::future::join_all(services.iter().map(|service| {
+            let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
+            apply_object(&services_api, service, live, context)
+        })),
+        async {
+            match access_needed {
+                Some(access) => apply_access(&namespace, access, context).await,
+                None => Ok(()),
+            }
+        },
+    );
+    // What was written is reported before any failure is returned (see reconcile's publish_applied).
+    let mut first_error = None;
+    let written = std::iter::once((("ConfigMap", scripts.name_any()), scripts_applied))
+        .chain(services.iter().map(|service| ("Service", service.name_any())).zip(services_applied));
+    for ((kind, name), result) in written {
+        match result {
+            Ok((outcome, version)) => {
+                context.expectations.expect(&key, kind, &name, version);
+                applied.children.push((format!("{kind}/{name}"), outcome));
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    if let Some(error) = first_error.or(access_applied.err()) {
+        return Err(error);
+    }
+    let stateful_sets = Api::namespaced(client.clone(), &namespace);
+    let (outcome, version) =
+        apply_object(&stateful_sets, &stateful_set, observed.stateful_set.as_deref(), context).await?;
+    context.expectations.expect(&key, "StatefulSet", &stateful_set.name_any(), version);
+    applied.children.push((describe(&stateful_set), outcome));
+    apply_pods(&namespace, workload, context, &key).await?;
+    apply_claims(&namespace, workload, context, &key).await?;
+    if let Some(instance) = &workload.release_lease_of {
+        release_primary_lease(database, instance, context).await?;
+    }
+    Ok(())
+}
+
+/// Removes the switchover annotation from the DatabaseService. Called only after the pass's
+/// status is written: the patch changes the resourceVersion that the status write is conditional
+/// on, and a status write refused for it would leave the completed switchover undecided in the
+/// stored status, so that the next pass completes it again and records it in the ledger twice.
+pub async fn clear_switchover_request(database: &DatabaseService, context: &PassContext) -> Result<(), kube::Error> {
+    let namespace = database.namespace().unwrap_or_default();
+    let databases: Api<DatabaseService> = Api::namespaced(context.shared.client.clone(), &namespace);
+    let patch = Patch::Merge(json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: null}}}));
+    databases.patch(&database.name_any(), &PatchParams::default(), &patch).await?;
+    context.shared.metrics.count_write("DatabaseService", "patch");
+    Ok(())
+}
+
+/// Server-side apply of an object the controller does not cache (written only with the StatefulSet).
+async fn server_side_apply<K>(api: &Api<K>, object: &K, context: &PassContext) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
+{
+    server_side_apply::apply(api, object).await?;
+    context.shared.metrics.count_write(&K::kind(&()), "apply");
+    Ok(())
+}
+
+/// The instance agents' ServiceAccount, Role, RoleBinding and primary Lease (metadata only: the
+/// Lease's holder is never touched by the operator's apply).
+async fn apply_access(namespace: &str, access: &InstanceAccess, context: &PassContext) -> Result<(), kube::Error> {
+    let client = &context.shared.client;
+    let (accounts, roles, leases) = (
+        Api::namespaced(client.clone(), namespace),
+        Api::namespaced(client.clone(), namespace),
+        Api::namespaced(client.clone(), namespace),
+    );
+    tokio::try_join!(
+        server_side_apply(&accounts, &access.service_account, context),
+        server_side_apply(&roles, &access.role, context),
+        server_side_apply(&leases, &access.lease, context),
+    )?;
+    // After the Role: binding a Role the operator may not bind is allowed only once the apiserver
+    // can see that the operator holds every right in it.
+    server_side_apply(&Api::namespaced(client.clone(), namespace), &access.role_binding, context).await
+}
+
+/// Releases the primary Lease held by `instance`, whose pod is gone (the kubelet confirmed that its
+/// processes ended), so that a standby may be promoted without waiting for the Lease to expire.
+/// Compare-and-swap on the resourceVersion: a Lease that changed since it was read is left alone.
+async fn release_primary_lease(
+    database: &DatabaseService,
+    instance: &str,
+    context: &PassContext,
+) -> Result<(), kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let name = primary_lease_name(&database.name_any());
+    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
+    let record = lease_record(&lease);
+    if record.holder.as_deref() != Some(instance) {
+        return Ok(());
+    }
+    let duration =
+        Duration::from_secs(lease.spec.as_ref().and_then(|spec| spec.lease_duration_seconds).unwrap_or(15) as u64);
+    let released = with_record(lease, &LeaseRecord { holder: None, ..record }, duration);
+    match leases
+        .replace(&name, &PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &released)
+        .await
+    {
+        Ok(_) => {
+            context.shared.metrics.count_write("Lease", "update");
+            tracing::info!(lease = %name, %instance, "released the primary lease of a gone pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Creates the credentials Secret; false when its name is taken by a Secret that is not ours.
+async fn create_credentials(
+    database: &DatabaseService,
+    secret: &Secret,
+    context: &PassContext,
+    key: &str,
+) -> Result<bool, kube::Error> {
+    let secrets: Api<Secret> =
+        Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+    match secrets.create(&params, secret).await {
+        Ok(created) => {
+            context.shared.metrics.count_write("Secret", "create");
+            context.expectations.expect(key, "Secret", &secret.name_any(), created.resource_version());
+            Ok(true)
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            // Not in our cache but present: ours and not cached yet, or someone else's. Only
+            // metadata is read, never the foreign Secret's data.
+            let existing = secrets.get_metadata_opt(&secret.name_any()).await?;
+            Ok(existing.is_none_or(|existing| is_labelled_child_of(&existing, &database.name_any())))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+async fn apply_pods(namespace: &str, workload: &Workload, context: &PassContext, key: &str) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(context.shared.client.clone(), namespace);
+    for label in &workload.pod_labels {
+        let patch = Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: label.role}}}));
+        match pods.patch(&label.pod, &PatchParams::default(), &patch).await {
+            Ok(pod) => {
+                context.shared.metrics.count_write("Pod", "label");
+                context.expectations.expect(key, "Pod", &label.pod, pod.resource_version());
+            }
+            // The pod went away since it was cached (scale-down, restart): nothing to label.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    for deletion in &workload.pod_deletions {
+        // Only the pod we saw: a replacement with the same name is never deleted by a stale cache.
+        let preconditions =
+            Preconditions { uid: deletion.uid.clone(), resource_version: deletion.resource_version.clone() };
+        let params = DeleteParams { preconditions: Some(preconditions), ..Default::default() };
+        match pods.delete(&deletion.pod, &params).await {
+            Ok(_) => context.shared.metrics.count_write("Pod", "delete"),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+async fn apply_claims(
+    namespace: &str,
+    workload: &Workload,
+    context: &PassContext,
+    key: &str,
+) -> Result<(), kube::Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(context.shared.client.clone(), namespace);
+    for change in &workload.claim_changes {
+        // resourceVersion makes the merge patch conditional: ownerReferences computed from a
+        // stale cache never overwrite newer ones (409, retried with a fresh cache).
+        let mut body = json!({"metadata": {"resourceVersion": change.resource_version}});
+        if let Some(references) = &change.owner_references {
+            body["metadata"]["ownerReferences"] = json!(references);
+        }
+        if let Some(storage) = &change.storage {
+            body["spec"] = json!({"resources": {"requests": {"storage": storage}}});
+        }
+        let claim = claims.patch(&change.claim, &PatchParams::default(), &Patch::Merge(&body)).await?;
+        context.shared.metrics.count_write("PersistentVolumeClaim", "patch");
+        context.expectations.expect(key, "PersistentVolumeClaim", &change.claim, claim.resource_version());
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! What continuous archiving adds to a PostgreSQL pod (pure). The binary is already there: with
+//! the operator's image known, the StatefulSet's pods get it from the `install-dbservice` init
+//! container in the `dbservice-bin` emptyDir at `/dbservice/bin` (for the instance agent, see
+//! `controller::build`). The store settings reach `wal-archive` through the container's
+//! environment; the credentials come from the Secret by reference, never as values.
+
+use crate::api::backup::DEFAULT_ARCHIVE_TIMEOUT_SECONDS;
+use crate::api::database_service::DatabaseService;
+use crate::api::pod::AGENT_DIRECTORY;
+use crate::operator::database::build::{plain_env, secret_env};
+use k8s_openapi::api::core::v1::{EnvVar, PodSpec, SecretVolumeSource, Volume, VolumeMount};
+use kube::ResourceExt;
+
+/// Volume and directory of the store's CA certificates, when `caSecret` is set.
+const CA_VOLUME: &str = "dbservice-s3-ca";
+const CA_DIRECTORY: &str = "/dbservice/s3-ca";
+
+/// The postgres container's environment for archiving: store settings, credentials by
+/// reference, and `DBSERVICE_ARCHIVE_COMMAND` / `DBSERVICE_ARCHIVE_TIMEOUT_SECONDS`, which the
+/// entrypoint turns into `archive_mode`, `archive_command` and `archive_timeout`.
+pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
+    let Some(backup) = &database.spec.backup else { return Vec::new() };
+    let store = &backup.object_store;
+    let credentials = &store.credentials_secret;
+    let name = database.name_any();
+    let mut environment = vec![
+        plain_env("DBSERVICE_S3_ENDPOINT", &store.endpoint),
+        plain_env("DBSERVICE_S3_BUCKET", &store.bucket),
+        plain_env("DBSERVICE_S3_PATH", store.path.clone().unwrap_or_default()),
+        plain_env("DBSERVICE_BACKUP_SERVER_NAME", store.server_name_or(&name)),
+        plain_env("DBSERVICE_S3_REGION", store.region.clone().unwrap_or_else(|| "us-east-1".into())),
+        secret_env(
+            "AWS_ACCESS_KEY_ID",
+            &credentials.name,
+            credentials.access_key_id_key.as_deref().unwrap_or("accessKeyId"),
+        ),
+        secret_env(
+            "AWS_SECRET_ACCESS_KEY",
+            &credentials.name,
+            credentials.secret_access_key_key.as_deref().unwrap_or("secretAccessKey"),
+        ),
+        plain_env("DBSERVICE_ARCHIVE_COMMAND", format!("{AGENT_DIRECTORY}/dbservice-operator wal-archive %p %f")),
+        plain_env(
+            "DBSERVICE_ARCHIVE_TIMEOUT_SECONDS",
+            backup.archive_timeout_seconds.unwrap_or(DEFAULT_ARCHIVE_TIMEOUT_SECONDS).to_string(),
+        ),
+    ];
+    if let Some(ca) = &store.ca_secret {
+        environment.push(plain_env("DBSERVICE_S3_CA_FILE", format!("{CA_DIRECTORY}/{}", ca.key)));
+    }
+    environment
+}
+
+/// Adds archiving to a pod whose first container runs PostgreSQL and has the binary at
+/// [`AGENT_DIRECTORY`]: the store's CA volume and mount, and the environment. Nothing changes
+/// without `spec.backup`.
+pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService) {
+    let Some(backup) = &database.spec.backup else { return };
+    if let Some(ca) = &backup.object_store.ca_secret {
+        pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+            name: CA_VOLUME.into(),
+            secret: Some(SecretVolumeSource { secret_name: Some(ca.name.clone()), ..Default::default() }),
+            ..Default::default()
+        });
+    }
+    if let Some(postgres) = pod.containers.first_mut() {
+        if backup.object_store.ca_secret.is_some() {
+            postgres.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+                name: CA_VOLUME.into(),
+                mount_path: CA_DIRECTORY.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
+        postgres.env.get_or_insert_with(Vec::new).extend(archive_environment(database));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unset_path_is_no_empty_value_the_api_server_would_drop() {
+        let database: DatabaseService = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService", "metadata": {"name": "orders"},
+            "spec": {"version": "16.4", "storageSize": "1Gi", "databaseName": "app", "username": "app_user",
+                     "backup": {"objectStore": {"endpoint": "http://store:9000", "bucket": "backups",
+                                                "credentialsSecret": {"name": "s3"}}}}
+        }))
+        .unwrap();
+        let environment = archive_environment(&database);
+        // The API server stores `value: ""` as no value: desired "" would be drift on every pass.
+        assert!(environment.iter().all(|variable| variable.value.as_deref() != Some("")), "{environment:?}");
+        let path = environment.iter().find(|variable| variable.name == "DBSERVICE_S3_PATH").unwrap();
+        assert_eq!((path.value.as_ref(), path.value_from.as_ref()), (None, None));
+    }
+}

@@ -1,0 +1,581 @@
+//! Decide (pure): from the spec, the status, the observed children, the settings and the time to
+//! the new status, the journal (events and ledger entries) and the workload to build and apply.
+//! No client, no clock: the table tests in `decide_tests.rs` run it without a cluster.
+
+use crate::admission::validation::{validate, ValidationSettings};
+use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase, StorageStatus};
+use crate::api::names::{is_owned_by, owner_reference, ChildNames, ROLE_LABEL};
+use crate::operator::caches::diff;
+use crate::operator::conditions::{self, types};
+use crate::operator::database::archiving::{decide_archiving, ArchivingHealth};
+use crate::operator::database::build::{self, WorkloadInputs};
+use crate::operator::database::failover::pass::{decide_failover, report_of, FailoverInput, URGENT_REQUEUE};
+use crate::operator::database::healing::{decide_rollout, Rollout};
+use crate::operator::database::observe::{claim_class, claim_request, Observed};
+use crate::operator::database::pod_health::{self, PodHealth};
+use crate::operator::database::pod_replacement::{rolling_step, RollingStep};
+use crate::operator::database::settings::ControllerSettings;
+use crate::operator::database::summary::summarize;
+use crate::operator::journal::Journal;
+use crate::operator::ledger::LedgerEntry;
+use crate::quantity::parse_bytes;
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use std::time::Duration;
+
+/// Everything decide reads.
+pub struct DecideInput<'a> {
+    /// The DatabaseService as cached.
+    pub database: &'a DatabaseService,
+    /// Its children as cached.
+    pub observed: &'a Observed,
+    /// Tunables.
+    pub settings: &'a ControllerSettings,
+    /// The time of this pass.
+    pub now: DateTime<Utc>,
+}
+
+/// What decide wants done.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The status to publish (written only if it differs from the stored one).
+    pub status: DatabaseServiceStatus,
+    /// Events and ledger entries to publish.
+    pub journal: Journal,
+    /// The workload to build and apply; None changes nothing (paused, invalid spec).
+    pub workload: Option<Workload>,
+    /// When to look again; None waits for a change.
+    pub requeue: Option<Duration>,
+    /// WAL archiving health for the metrics (Unknown when the pass decided nothing about it).
+    pub archiving: ArchivingHealth,
+}
+
+/// The children to build and the changes to make to pods and claims.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// Inputs of the StatefulSet.
+    pub inputs: WorkloadInputs,
+    /// No credentials Secret is cached: create one (never overwrite one).
+    pub create_credentials: bool,
+    /// Role labels to set.
+    pub pod_labels: Vec<PodLabel>,
+    /// Pods stuck broken on an old revision, deleted with uid and resourceVersion preconditions.
+    pub pod_deletions: Vec<PodDeletion>,
+    /// Owner references and sizes of claims.
+    pub claim_changes: Vec<ClaimChange>,
+    /// Release the primary Lease if this instance (whose pod is gone) still holds it.
+    pub release_lease_of: Option<String>,
+    /// Remove the switchover annotation from the DatabaseService.
+    pub clear_switchover_request: bool,
+    /// The DatabaseService was provisioned in an earlier pass: a missing child was deleted.
+    pub provisioned_before: bool,
+    /// Nothing in the spec or the decisions changed: a differing child was edited by hand.
+    pub drift_possible: bool,
+}
+
+/// A role label for one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodLabel {
+    /// Pod name.
+    pub pod: String,
+    /// primary or standby.
+    pub role: &'static str,
+}
+
+/// A pod to delete, only if it is still the one observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodDeletion {
+    /// Pod name.
+    pub pod: String,
+    /// Its uid when observed.
+    pub uid: Option<String>,
+    /// Its resourceVersion when observed.
+    pub resource_version: Option<String>,
+}
+
+/// One merge patch of a claim, conditional on its observed resourceVersion.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimChange {
+    /// Claim name.
+    pub claim: String,
+    /// Its resourceVersion when observed.
+    pub resource_version: Option<String>,
+    /// The full new ownerReferences, when ours is to be added.
+    pub owner_references: Option<Vec<OwnerReference>>,
+    /// The new storage request, when it grows.
+    pub storage: Option<String>,
+}
+
+/// Decides one pass.
+pub fn decide(input: &DecideInput) -> Decision {
+    let DecideInput { database, observed, settings, now } = *input;
+    let generation = database.metadata.generation.unwrap_or(0);
+    let old_status = database.status.clone().unwrap_or_default();
+    let mut status = old_status.clone();
+    let mut journal = Journal::default();
+
+    if database.spec.is_paused() {
+        let message = "spec.paused is true: the operator changes nothing";
+        conditions::set(&mut status.conditions, types::PAUSED, true, "Paused", message, Some(generation), now);
+        if !conditions::is_true(&old_status.conditions, types::PAUSED) {
+            let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
+            journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
+        }
+        return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
+    }
+    if conditions::is_true(&old_status.conditions, types::PAUSED) {
+        let entry = LedgerEntry::at(now, generation, "Resumed", "", "", "reconciliation resumed");
+        journal.record(false, "Resumed", "reconciliation resumed".into(), Some(entry));
+    }
+    conditions::remove(&mut status.conditions, types::PAUSED);
+
+    // The webhook's own validation: an object stored while the webhook was absent changes nothing.
+    let validation = ValidationSettings {
+        min_storage_bytes: parse_bytes(&settings.min_storage_size).unwrap_or(0),
+        min_storage_size: settings.min_storage_size.clone(),
+        today: now.date_naive(),
+    };
+    let outcome = validate(database, None, &validation);
+    if !outcome.is_allowed() {
+        let message = outcome.message();
+        if !conditions::is_true(&old_status.conditions, types::INVALID_SPEC) {
+            let entry = LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone());
+            journal.record(true, "InvalidSpec", message.clone(), Some(entry));
+        }
+        let reason = "ValidationFailed";
+        conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
+        status.phase = Some(Phase::Failed);
+        status.observed_generation = Some(generation);
+        return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
+    }
+    conditions::remove(&mut status.conditions, types::INVALID_SPEC);
+
+    match old_status.observed_generation {
+        None => {
+            let target = format!("{} x{}", database.spec.version, database.spec.replicas_or_default());
+            journal.entries.push(LedgerEntry::at(now, generation, "Created", "", target, "provisioning started"));
+        }
+        Some(observed) if observed != generation => journal.entries.push(LedgerEntry::at(
+            now,
+            generation,
+            "SpecChanged",
+            format!("generation {observed}"),
+            format!("generation {generation}"),
+            "spec updated",
+        )),
+        Some(_) => {}
+    }
+
+    let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
+    let pods: Vec<PodHealth> = observed
+        .pods
+        .iter()
+        .map(|pod| {
+            let mut health = pod_health::pod_health(pod);
+            if crate::api::recovery::recovering(pod) {
+                // Not ready on purpose while it restores; a restart would only start over.
+                health.unhealthy_since = None;
+            }
+            health
+        })
+        .collect();
+    let reported_recovery = crate::api::recovery::reported(&observed.pods);
+    crate::operator::database::recovery::decide_recovery(&mut status, reported_recovery, generation, now, &mut journal);
+    // The one StatefulSet this pass needs, expanded from its compact cached form.
+    let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
+    let live_stateful_set = expanded.as_ref();
+    let rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
+    let inputs = WorkloadInputs {
+        image: rollout.image.clone(),
+        replicas: rollout.replicas,
+        restarted_at: status.last_restart_at.clone(),
+        claim_template_size: live_stateful_set
+            .and_then(build::claim_template_size)
+            .unwrap_or_else(|| database.spec.storage_size.clone()),
+        instance_image: settings.instance_image.clone(),
+    };
+    let lease = observed.primary_lease.as_ref();
+    // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
+    let stateful_set_current = observed
+        .stateful_set
+        .as_deref()
+        .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
+    let rolling = rolling_step(&observed.pods, &pods, live_stateful_set, &status.failover, stateful_set_current);
+    let rolling_switchover = match &rolling {
+        RollingStep::SwitchoverTo(target) => Some(target.clone()),
+        _ => None,
+    };
+    let failover = decide_failover(
+        database,
+        &FailoverInput { pods: &observed.pods, health: &pods, lease, rolling_switchover },
+        &mut status,
+        &mut journal,
+        now,
+    );
+    let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
+    let primary = failover.primary.as_deref();
+    // Only the primary archives: its report alone says whether archiving works.
+    let primary_report = observed
+        .pods
+        .iter()
+        .find(|pod| Some(pod.name_any().as_str()) == primary)
+        .and_then(|pod| report_of(pod))
+        .and_then(|report| report.archiving);
+    let archiving = decide_archiving(
+        database.spec.backup.as_ref(),
+        primary,
+        primary_report.as_ref(),
+        &mut status,
+        &mut journal,
+        generation,
+        now,
+    );
+    let (pod_labels, mut pod_deletions) =
+        decide_pods(observed, &pods, primary, &rollout, stateful_set_current, &mut journal);
+    if let RollingStep::Replace(name) = &rolling {
+        replace_for_rolling(observed, name, &mut pod_deletions, &mut journal);
+    }
+    let rolled_out =
+        pod_health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && stateful_set_current;
+    summarize(database, &mut status, &pods, &rollout, rolled_out, now, &mut journal);
+    let converged = rolled_out && status.phase == Some(Phase::Running);
+    let provisioned_before = old_status.observed_generation.is_some();
+    let workload = Workload {
+        inputs,
+        create_credentials,
+        pod_labels,
+        pod_deletions,
+        claim_changes,
+        release_lease_of: failover.release_lease_of,
+        clear_switchover_request: failover.clear_switchover_request,
+        provisioned_before,
+        drift_possible: provisioned_before
+            && old_status.observed_generation == Some(generation)
+            && !rollout.changed_workload,
+    };
+    // Child and pod events wake the controller; the periodic look is a safety net for time-based
+    // decisions (backoff, deadlines, restore probes) while something is still wrong.
+    let requeue = if failover.urgent {
+        URGENT_REQUEUE
+    } else if converged {
+        Duration::from_secs(300)
+    } else {
+        Duration::from_secs(5)
+    };
+    let requeue = archiving.warn_in.map_or(requeue, |warn_in| requeue.min(warn_in));
+    Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+}
+
+/// Deletes `name` so that the StatefulSet recreates it from the update revision (updateStrategy
+/// OnDelete: the operator orders the replacements, see [`crate::operator::database::pod_replacement`]).
+fn replace_for_rolling(observed: &Observed, name: &str, deletions: &mut Vec<PodDeletion>, journal: &mut Journal) {
+    let Some(pod) = observed.pods.iter().find(|pod| pod.name_any() == name) else { return };
+    if deletions.iter().any(|deletion| deletion.pod == name) {
+        return;
+    }
+    deletions.push(PodDeletion { pod: name.to_string(), uid: pod.uid(), resource_version: pod.resource_version() });
+    let note = format!("pod {name} runs an old revision: replaced (standbys first, the primary after a switchover)");
+    journal.record(false, "RollingUpdate", note, None);
+}
+
+/// Credentials are created once and never overwritten; returns whether to create them now.
+fn decide_credentials(
+    database: &DatabaseService,
+    observed: &Observed,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> bool {
+    let name = ChildNames::credentials(&database.name_any());
+    let generation = database.metadata.generation.unwrap_or(0);
+    let had_credentials = status.conditions.iter().any(|condition| condition.type_ == types::CREDENTIALS_READY);
+    let conflicted = status.conditions.iter().any(|condition| {
+        condition.type_ == types::CREDENTIALS_READY && condition.reason == CREDENTIALS_CONFLICT_REASON
+    });
+    if let Some(secret) = &observed.credentials {
+        if !had_credentials || conflicted {
+            let (reason, message) = if is_owned_by(secret.as_ref(), &database.uid().unwrap_or_default()) {
+                ("SecretCreated", format!("credentials are in Secret {name}"))
+            } else {
+                // Created by this operator for an earlier DatabaseService of the same name and
+                // retained: used (the retained volumes hold that password), never owned or deleted.
+                ("SecretRetained", format!("credentials are in Secret {name}, retained from an earlier DatabaseService of this name (not deleted with this one)"))
+            };
+            conditions::set(
+                &mut status.conditions,
+                types::CREDENTIALS_READY,
+                true,
+                reason,
+                message,
+                Some(generation),
+                now,
+            );
+        }
+        return false;
+    }
+    if conflicted {
+        // Still conflicting until a Secret we may use appears; try the create again (it reports).
+        return true;
+    }
+    if had_credentials {
+        let message = format!(
+            "Secret {name} was deleted and has been recreated with a new password, but the database still has the old one: set it with ALTER ROLE (or restore the old Secret)"
+        );
+        conditions::set(
+            &mut status.conditions,
+            types::CREDENTIALS_READY,
+            false,
+            "SecretRecreated",
+            message.clone(),
+            Some(generation),
+            now,
+        );
+        let entry = LedgerEntry::at(
+            now,
+            generation,
+            "CredentialsRecreated",
+            "missing",
+            format!("Secret/{name}"),
+            "new password generated; database still has the old one",
+        );
+        journal.record(true, "CredentialsRecreated", message, Some(entry));
+    } else {
+        let message = format!("credentials are in Secret {name}");
+        conditions::set(
+            &mut status.conditions,
+            types::CREDENTIALS_READY,
+            true,
+            "SecretCreated",
+            message,
+            Some(generation),
+            now,
+        );
+        journal.record(false, "CredentialsCreated", format!("generated credentials in Secret {name}"), None);
+    }
+    true
+}
+
+/// Reason of CredentialsReady=False when a Secret of the credentials' name is not the operator's.
+pub const CREDENTIALS_CONFLICT_REASON: &str = "SecretConflict";
+
+/// The credentials Secret's name is taken by a Secret the operator did not create: nothing is
+/// built (the pods would read someone else's Secret) and the conflict is reported.
+pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService, now: DateTime<Utc>) {
+    let name = ChildNames::credentials(&database.name_any());
+    let generation = database.metadata.generation.unwrap_or(0);
+    let message = format!(
+        "Secret {name} exists but was not created by dbservice-operator for this DatabaseService; it is left untouched. Delete or rename it, or rename the DatabaseService"
+    );
+    let old = database.status.clone().unwrap_or_default();
+    let reported = old.conditions.iter().any(|condition| condition.reason == CREDENTIALS_CONFLICT_REASON);
+    decision.journal = Journal::default();
+    if !reported {
+        let entry = LedgerEntry::at(now, generation, "Conflict", "", format!("Secret/{name}"), "not the operator's");
+        decision.journal.record(true, "CredentialsConflict", message.clone(), Some(entry));
+    }
+    let mut status = old;
+    conditions::set(
+        &mut status.conditions,
+        types::CREDENTIALS_READY,
+        false,
+        CREDENTIALS_CONFLICT_REASON,
+        message,
+        Some(generation),
+        now,
+    );
+    status.phase = Some(Phase::Failed);
+    status.observed_generation = Some(generation);
+    decision.status = status;
+    decision.workload = None;
+    // The foreign Secret carries none of our labels, so no watch event says when it goes.
+    decision.requeue = Some(Duration::from_secs(30));
+}
+
+/// Owner references on the claims made for this DatabaseService, expansion when storageSize
+/// grew (if the class allows), and the StorageReady condition.
+fn decide_claims(
+    database: &DatabaseService,
+    observed: &Observed,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> Vec<ClaimChange> {
+    let generation = database.metadata.generation.unwrap_or(0);
+    let owner = owner_reference(database);
+    let wanted = &database.spec.storage_size;
+    let wanted_bytes = parse_bytes(wanted).unwrap_or(0);
+    let created = database.metadata.creation_timestamp.as_ref().map(|time| time.0);
+    let mut changes = Vec::new();
+    let mut expansion_refused = Vec::new();
+    for claim in &observed.claims {
+        let claim_name = claim.name_any();
+        let mut change = ClaimChange {
+            claim: claim_name.clone(),
+            resource_version: claim.resource_version(),
+            owner_references: None,
+            storage: None,
+        };
+        // Only claims made for this DatabaseService are owned; a claim kept (Retain) from an
+        // earlier one of the same name is used by the StatefulSet but stays unowned, so that a
+        // later deletionPolicy Delete never deletes data this DatabaseService did not create.
+        let made_for_us = match (claim.metadata.creation_timestamp.as_ref(), created) {
+            (Some(claim_created), Some(created)) => claim_created.0 >= created,
+            _ => false,
+        };
+        if made_for_us && !is_owned_by(claim.as_ref(), &owner.uid) && claim.metadata.deletion_timestamp.is_none() {
+            let mut references = claim.owner_references().to_vec();
+            references.push(OwnerReference { controller: Some(false), ..owner.clone() });
+            change.owner_references = Some(references);
+        }
+        let requested = claim_request(claim);
+        if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
+            let class = claim_class(claim);
+            if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
+                change.storage = Some(wanted.clone());
+                let entry =
+                    LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted.clone(), &claim_name);
+                journal.record(
+                    false,
+                    "StorageExpanded",
+                    format!("PVC {claim_name} expanded from {requested} to {wanted}"),
+                    Some(entry),
+                );
+            } else {
+                expansion_refused
+                    .push(format!("{claim_name} (StorageClass {class:?} does not allow volume expansion)"));
+            }
+        }
+        if change.owner_references.is_some() || change.storage.is_some() {
+            changes.push(change);
+        }
+    }
+    let expected = database.spec.replicas_or_default().min(status.degraded_replicas.unwrap_or(i32::MAX));
+    let bound = pod_health::claims_bound(observed.claims.iter().map(|claim| claim.as_ref()));
+    status.storage = Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected });
+    let storage = types::STORAGE_READY;
+    if !expansion_refused.is_empty() {
+        let message = format!("cannot grow {}", expansion_refused.join(", "));
+        let reported = status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == storage && condition.reason == "ExpansionNotSupported");
+        if !reported {
+            journal.record(true, "ExpansionNotSupported", message.clone(), None);
+        }
+        conditions::set(
+            &mut status.conditions,
+            storage,
+            false,
+            "ExpansionNotSupported",
+            message,
+            Some(generation),
+            now,
+        );
+    } else if bound >= expected {
+        let message = format!("{bound} of {expected} volumes bound");
+        conditions::set(&mut status.conditions, storage, true, "Bound", message, Some(generation), now);
+    } else {
+        let message = format!("{bound} of {expected} volumes bound (claims of a WaitForFirstConsumer class bind once their pod is scheduled)");
+        conditions::set(&mut status.conditions, storage, false, "Pending", message, Some(generation), now);
+    }
+    changes
+}
+
+/// Role labels (standbys first, so that two pods are never labelled primary at once), and pods
+/// stuck not ready on an old image once the template is current (a StatefulSet never replaces a
+/// broken pod by itself, which would block every rollback).
+fn decide_pods(
+    observed: &Observed,
+    pods: &[PodHealth],
+    primary: Option<&str>,
+    rollout: &Rollout,
+    template_current: bool,
+    journal: &mut Journal,
+) -> (Vec<PodLabel>, Vec<PodDeletion>) {
+    let mut labels = Vec::new();
+    let mut deletions = Vec::new();
+    for (pod, health) in observed.pods.iter().zip(pods) {
+        if health.terminating {
+            continue;
+        }
+        let role = if Some(health.name.as_str()) == primary { "primary" } else { "standby" };
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
+            labels.push(PodLabel { pod: health.name.clone(), role });
+        }
+        if template_current && health.image != rollout.image && !health.ready && !health.unschedulable {
+            deletions.push(PodDeletion {
+                pod: health.name.clone(),
+                uid: pod.uid(),
+                resource_version: pod.resource_version(),
+            });
+            journal.record(
+                false,
+                "ReplacedStuckPod",
+                format!(
+                    "pod {} was not ready on an old revision ({}); deleted so it comes back with {}",
+                    health.name, health.image, rollout.image
+                ),
+                None,
+            );
+        }
+    }
+    labels.sort_by_key(|label| label.role == "primary");
+    (labels, deletions)
+}
+
+/// What applying one child did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyOutcome {
+    /// The object did not exist and was created.
+    Created,
+    /// The object existed but differed and was corrected.
+    Updated,
+    /// The object already matched: nothing was written.
+    Unchanged,
+}
+
+/// What applying the children did, as apply reports it: the conflict that stopped it, or each
+/// child written (or found unchanged), in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The credentials Secret's name is taken by a Secret that is not ours: nothing was written.
+    pub credentials_conflict: bool,
+    /// Each child applied: its description (`StatefulSet/demo`) and what happened.
+    pub children: Vec<(String, ApplyOutcome)>,
+}
+
+/// The events and ledger entries of what applying did (recreated or drift-corrected children).
+pub fn journal_applied(workload: &Workload, applied: &Applied, generation: i64, now: DateTime<Utc>) -> Journal {
+    let mut journal = Journal::default();
+    for (object, outcome) in &applied.children {
+        let object = object.clone();
+        match outcome {
+            ApplyOutcome::Unchanged => {}
+            ApplyOutcome::Created if workload.provisioned_before => journal.record(
+                true,
+                "Recreated",
+                format!("{object} was missing and has been recreated"),
+                Some(LedgerEntry::at(now, generation, "DriftCorrected", "missing", object, "recreated")),
+            ),
+            ApplyOutcome::Created => {}
+            ApplyOutcome::Updated if workload.drift_possible => journal.record(
+                true,
+                "DriftCorrected",
+                format!("{object} was changed outside the operator and has been put back"),
+                Some(LedgerEntry::at(
+                    now,
+                    generation,
+                    "DriftCorrected",
+                    "edited",
+                    object,
+                    "restored to the desired state",
+                )),
+            ),
+            ApplyOutcome::Updated => {
+                journal.record(false, "Updated", format!("{object} updated for the new spec"), None)
+            }
+        }
+    }
+    journal
+}

@@ -1,0 +1,318 @@
+//! Decide (pure), failover part: from the agents' reports on the pods, the primary Lease and the
+//! persisted failover status to the new status, which pod carries the primary label, and the
+//! events and ledger entries of every failover and switchover. The rules are
+//! [`crate::operator::database::failover::decide`]'s; this module maps the controller's observations onto it.
+//!
+//! Until the bootstrap primary `<name>-0` has once been healthy (pods that run nothing, as under
+//! kwok, or a database still starting) it stays the primary, as before failover existed.
+
+use crate::api::database_service::fenced_instances;
+use crate::api::database_service::{DatabaseService, DatabaseServiceStatus};
+use crate::api::failover::{
+    FailoverStatus, InstanceObservation, InstanceReport, InstanceStatus, PodState, Role, TransitionKind,
+    INSTANCE_REPORT_ANNOTATION, PENDING, SWITCHOVER_ANNOTATION,
+};
+use crate::lease::LeaseRecord;
+use crate::operator::database::failover::{self, Action};
+use crate::operator::database::pod_health::PodHealth;
+use crate::operator::journal::Journal;
+use crate::operator::ledger::LedgerEntry;
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the failover step wants besides the status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FailoverOutcome {
+    /// The pod to label primary (Service NAME selects it); None during a change: no endpoint.
+    pub primary: Option<String>,
+    /// Release the primary Lease if this instance still holds it (its pod is gone).
+    pub release_lease_of: Option<String>,
+    /// Remove the switchover annotation (done, refused, or already the primary).
+    pub clear_switchover_request: bool,
+    /// A change is in progress or the primary is failing: look again soon.
+    pub urgent: bool,
+}
+
+/// The report an agent published on `pod`, if any (a malformed one counts as none).
+pub fn report_of(pod: &Pod) -> Option<InstanceReport> {
+    serde_json::from_str(pod.annotations().get(INSTANCE_REPORT_ANNOTATION)?).ok()
+}
+
+/// The standby a person asked to switch over to.
+pub fn switchover_request(database: &DatabaseService) -> Option<String> {
+    database.annotations().get(SWITCHOVER_ANNOTATION).map(|target| target.trim().to_string())
+}
+
+/// Instance names: one per StatefulSet ordinal the spec asks for.
+fn instance_names(database: &DatabaseService) -> Vec<String> {
+    let name = database.name_any();
+    (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect()
+}
+
+fn observations(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodHealth]) -> Vec<InstanceObservation> {
+    let fenced = fenced_instances(database);
+    instance_names(database)
+        .into_iter()
+        .map(|name| {
+            let found = pods.iter().zip(health).find(|(pod, _)| pod.name_any() == name);
+            let pod = match found {
+                None => PodState::Gone,
+                Some((_, health)) if health.ready && !health.terminating => PodState::Ready,
+                Some(_) => PodState::NotReady,
+            };
+            let report = found.and_then(|(pod, _)| report_of(pod));
+            InstanceObservation { fenced_by_hand: fenced.contains(&name), name, pod, report }
+        })
+        .collect()
+}
+
+/// Whether failover is engaged: the bootstrap primary was once seen healthy (its pod Ready, its
+/// agent reporting a primary that answers), which sets the timeline. Before that, a primary that is
+/// still starting is not a failed one.
+fn engaged(status: &FailoverStatus) -> bool {
+    status.timeline.is_some()
+}
+
+/// The timeline of `primary` if it is healthy: pod Ready, its agent reports a primary that answers.
+fn healthy_primary_timeline(instances: &[InstanceObservation], primary: Option<&String>) -> Option<u32> {
+    let instance = instances.iter().find(|instance| Some(&instance.name) == primary)?;
+    let report = instance.report.as_ref()?;
+    (instance.pod == PodState::Ready && report.role == Role::Primary && report.postgres_ready && report.timeline > 0)
+        .then_some(report.timeline)
+}
+
+/// Whether this pass needs the primary Lease (a GET): only while something is changing or
+/// wrong, never in a steady pass.
+pub fn needs_lease(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodHealth]) -> bool {
+    let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
+    if !engaged(&status) {
+        return false;
+    }
+    let instances = observations(database, pods, health);
+    let current = status.current_primary.as_deref();
+    let primary_healthy = instances.iter().any(|instance| {
+        Some(instance.name.as_str()) == current
+            && instance.pod == PodState::Ready
+            && instance.report.as_ref().is_some_and(|report| report.role == Role::Primary && report.postgres_ready)
+    });
+    status.target_primary.as_deref() != current || switchover_request(database).is_some() || !primary_healthy
+}
+
+fn instance_statuses(instances: &[InstanceObservation], lease: Option<&LeaseRecord>) -> Vec<InstanceStatus> {
+    instances
+        .iter()
+        .map(|instance| {
+            let report = instance.report.as_ref();
+            let role = match report.map(|report| report.role) {
+                Some(Role::Primary) => "primary",
+                Some(Role::Standby) => "standby",
+                None => "unknown",
+            };
+            let reference = lease.and_then(|lease| lease.primary_lsn);
+            let lag_bytes = match (report, reference) {
+                (Some(report), Some(reference)) if report.role == Role::Standby => {
+                    report.received_lsn.map(|received| reference.bytes_ahead_of(received))
+                }
+                _ => None,
+            };
+            InstanceStatus {
+                name: instance.name.clone(),
+                role: role.into(),
+                ready: report.is_some_and(|report| report.postgres_ready),
+                streaming: report.is_some_and(|report| report.wal_receiver),
+                lag_bytes,
+                timeline: report.map(|report| report.timeline).filter(|timeline| *timeline > 0),
+            }
+        })
+        .collect()
+}
+
+fn kind_name(kind: TransitionKind) -> &'static str {
+    match kind {
+        TransitionKind::Failover => "Failover",
+        TransitionKind::Switchover => "Switchover",
+    }
+}
+
+/// What the failover step observes besides the DatabaseService.
+#[derive(Clone, Debug)]
+pub struct FailoverInput<'a> {
+    /// The database's pods (cached).
+    pub pods: &'a [Arc<Pod>],
+    /// Their health, in the same order.
+    pub health: &'a [PodHealth],
+    /// The primary Lease, when this pass read it.
+    pub lease: Option<&'a LeaseRecord>,
+    /// A switchover the rolling update asks for (only the primary is left on an old revision).
+    pub rolling_switchover: Option<String>,
+}
+
+/// Decides the failover step of one pass: updates `status` (failover fields and instances) and
+/// `journal`, and says which pod is primary.
+pub fn decide_failover(
+    database: &DatabaseService,
+    input: &FailoverInput,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> FailoverOutcome {
+    let FailoverInput { pods, health, lease, .. } = input;
+    let lease = *lease;
+    let generation = database.metadata.generation.unwrap_or(0);
+    let mut current = status.failover.clone();
+    if current.current_primary.is_none() {
+        // Bootstrap: the first instance initializes the database (its agent runs initdb).
+        let first = format!("{}-0", database.name_any());
+        current.current_primary = Some(first.clone());
+        current.target_primary = Some(first);
+    }
+    let instances = observations(database, pods, health);
+    let request = switchover_request(database);
+    if !engaged(&current) {
+        // Bootstrap (or pods without agents): the first instance is the primary; failover engages
+        // once it has been healthy.
+        current.timeline = healthy_primary_timeline(&instances, current.current_primary.as_ref());
+        let reported = instances.iter().any(|instance| instance.report.is_some());
+        status.instances = if reported { instance_statuses(&instances, lease) } else { Vec::new() };
+        status.failover = current.clone();
+        return FailoverOutcome {
+            primary: current.current_primary,
+            clear_switchover_request: false,
+            release_lease_of: None,
+            urgent: false,
+        };
+    }
+    if request.is_none() {
+        if let Some(target) = &input.rolling_switchover {
+            journal.record(
+                false,
+                "RollingSwitchover",
+                format!("only the primary runs an old revision: switching over to the updated standby {target} first"),
+                None,
+            );
+        }
+    }
+    let switchover_to = request.clone().or_else(|| input.rolling_switchover.clone());
+    let observed = failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to };
+    let settings = database.spec.failover_settings();
+    let decision = failover::decide(&current, &observed, &settings, now);
+    let next = decision.status;
+    let mut outcome = FailoverOutcome::default();
+    let was_failing = current.primary_failing_since.is_some();
+    match decision.action {
+        Action::Steady
+        | Action::WaitingForStandbys { .. }
+        | Action::WaitingForPromotion { .. }
+        | Action::WaitingForSynchronousQuorum { .. } => {}
+        Action::PrimaryFailing { primary, failover_in } => {
+            if !was_failing {
+                let note = format!(
+                    "primary {primary} is unhealthy; failover in {}s unless it recovers",
+                    failover_in.as_secs()
+                );
+                journal.record(true, "PrimaryUnhealthy", note, None);
+            }
+        }
+        Action::PrimaryRecovered { primary } => {
+            journal.record(false, "PrimaryRecovered", format!("primary {primary} is healthy again"), None);
+        }
+        Action::FailoverBlocked { primary, reason } => {
+            if current.primary_failing_since.is_some() || current.transition.is_some() {
+                journal.record(
+                    true,
+                    "FailoverBlocked",
+                    format!("primary {primary} is down but not failed over: {reason:?}"),
+                    None,
+                );
+            }
+        }
+        Action::FailoverStarted { old_primary, release_lease } => {
+            let note = format!("primary {old_primary} failed: choosing the most advanced standby");
+            let entry = LedgerEntry::at(now, generation, "FailoverStarted", old_primary.clone(), PENDING, "started");
+            journal.record(true, "FailoverStarted", note, Some(entry));
+            if release_lease {
+                outcome.release_lease_of = Some(old_primary);
+            }
+        }
+        Action::NoCandidate { rejected } => {
+            if current.target_primary.as_deref() != Some(PENDING) || current.transition.is_none() {
+                journal.record(
+                    true,
+                    "NoFailoverCandidate",
+                    format!("no standby can be promoted yet: {rejected:?}"),
+                    None,
+                );
+            }
+        }
+        Action::PromotionRequested { kind, target } => {
+            let from = next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
+            let note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
+            let entry =
+                LedgerEntry::at(now, generation, &format!("{}Promoting", kind_name(kind)), from, target, "requested");
+            journal.record(false, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
+        }
+        Action::CandidateLost { target, reason } => {
+            journal.record(
+                true,
+                "PromotionFailed",
+                format!("{target} could not be promoted ({reason:?}): choosing again"),
+                None,
+            );
+        }
+        Action::PrimaryChanged { kind, from, to, timeline, took } => {
+            let seconds = format!("{:.1}s", took.as_secs_f64());
+            let note = format!(
+                "{} from {from} to {to} completed in {seconds} (timeline {timeline})",
+                kind_name(kind).to_lowercase()
+            );
+            let entry = LedgerEntry::at(
+                now,
+                generation,
+                kind_name(kind),
+                from,
+                to.clone(),
+                format!("completed in {seconds}, timeline {timeline}"),
+            );
+            journal.record(
+                kind == TransitionKind::Failover,
+                &format!("{}Completed", kind_name(kind)),
+                note,
+                Some(entry),
+            );
+            outcome.clear_switchover_request = request.is_some();
+        }
+        Action::TransitionAbandoned { kind, reason } => {
+            let entry =
+                LedgerEntry::at(now, generation, &format!("{}Abandoned", kind_name(kind)), "", "", reason.clone());
+            journal.record(true, &format!("{}Abandoned", kind_name(kind)), reason, Some(entry));
+            outcome.clear_switchover_request = request.is_some() && kind == TransitionKind::Switchover;
+        }
+        Action::SwitchoverRejected { target, reason } => {
+            journal.record(true, "SwitchoverRejected", format!("switchover to {target} refused: {reason:?}"), None);
+            outcome.clear_switchover_request = true;
+        }
+        Action::ForeignPrimary { instance } => {
+            journal.record(
+                true,
+                "ForeignPrimary",
+                format!("{instance} runs as primary without the primary lease; it is not behind the Service"),
+                None,
+            );
+        }
+    }
+    if request.is_some() && request == next.current_primary && next.target_primary == next.current_primary {
+        outcome.clear_switchover_request = true;
+    }
+    let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
+    outcome.primary = next.current_primary.clone().filter(|_| settled);
+    outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
+    status.instances = instance_statuses(&instances, lease);
+    status.failover = next;
+    outcome
+}
+
+/// How soon to look again while a change is in progress (reports also wake the controller).
+pub const URGENT_REQUEUE: Duration = Duration::from_secs(1);

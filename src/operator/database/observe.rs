@@ -1,0 +1,133 @@
+//! Observe: everything a pass knows about the children of one DatabaseService, read from the
+//! reflector caches (no GET or LIST), plus the StorageClasses of claims that must grow (a GET, only
+//! on that rare path).
+
+use crate::api::database_service::DatabaseService;
+use crate::api::names::ChildNames;
+use crate::operator::caches::compact::Compact;
+use crate::operator::caches::{cached, Stores};
+use crate::quantity::parse_bytes;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The observed children of one DatabaseService.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// StatefulSet NAME.
+    pub stateful_set: Option<Arc<Compact<StatefulSet>>>,
+    /// Services by name.
+    pub services: BTreeMap<String, Arc<Compact<Service>>>,
+    /// ConfigMap NAME-scripts (data as a fingerprint).
+    pub scripts: Option<Arc<Compact<ConfigMap>>>,
+    /// ConfigMap NAME-ledger (data as a fingerprint).
+    pub ledger: Option<Arc<Compact<ConfigMap>>>,
+    /// Secret NAME-credentials, metadata only; only one carrying the managed-by label is seen.
+    pub credentials: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// Pods labelled as this instance's, by name.
+    pub pods: Vec<Arc<Pod>>,
+    /// PVCs labelled as this instance's, by name.
+    pub claims: Vec<Arc<PersistentVolumeClaim>>,
+    /// allowVolumeExpansion of the StorageClasses of claims smaller than the spec asks.
+    pub expandable_classes: BTreeMap<String, bool>,
+    /// The primary Lease, read only while a failover or switchover needs it.
+    pub primary_lease: Option<crate::lease::LeaseRecord>,
+}
+
+/// Reads the children of `database` from the caches.
+pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
+    let namespace = database.namespace().unwrap_or_default();
+    let name = database.name_any();
+    let services = [name.clone(), ChildNames::replicas_service(&name), ChildNames::headless_service(&name)]
+        .into_iter()
+        .filter_map(|service| cached(&stores.services, &namespace, &service).map(|live| (service, live)))
+        .collect();
+    let pods = expanded_children(&stores.pods, &namespace, &name);
+    let claims = expanded_children(&stores.claims, &namespace, &name);
+    Observed {
+        stateful_set: cached(&stores.stateful_sets, &namespace, &name),
+        services,
+        scripts: cached(&stores.config_maps, &namespace, &ChildNames::scripts(&name)),
+        ledger: cached(&stores.config_maps, &namespace, &ChildNames::ledger(&name)),
+        credentials: cached(&stores.secrets, &namespace, &ChildNames::credentials(&name)),
+        pods,
+        claims,
+        expandable_classes: BTreeMap::new(),
+        primary_lease: None,
+    }
+}
+
+/// The cached children of kind `K` labelled as belonging to database `name`, typed again (the
+/// caches keep them as text), sorted by name.
+fn expanded_children<K>(store: &Store<Compact<K>>, namespace: &str, name: &str) -> Vec<Arc<K>>
+where
+    K: k8s_openapi::Resource + Serialize + DeserializeOwned + Clone,
+{
+    // Every cached child carries the managed-by label (the watches select by it).
+    let mut children = store
+        .state_filter(|child| child.metadata.namespace.as_deref() == Some(namespace) && child.database() == Some(name));
+    children.sort_by(|left, right| left.metadata.name.cmp(&right.metadata.name));
+    children.iter().filter_map(|child| child.expand().map(Arc::new)).collect()
+}
+
+/// Fills [`Observed::primary_lease`] when the failover step needs it (a GET, never in a steady pass).
+pub async fn primary_lease(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    let health: Vec<_> =
+        observed.pods.iter().map(|pod| crate::operator::database::pod_health::pod_health(pod)).collect();
+    if !crate::operator::database::failover::pass::needs_lease(database, &observed.pods, &health) {
+        return Ok(());
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &database.namespace().unwrap_or_default());
+    let name = crate::api::names::primary_lease_name(&database.name_any());
+    observed.primary_lease = leases.get_opt(&name).await?.map(|lease| crate::lease::lease_record(&lease));
+    Ok(())
+}
+
+/// Requested storage of a claim.
+pub fn claim_request(claim: &PersistentVolumeClaim) -> String {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.resources.as_ref()?.requests.as_ref()?.get("storage").map(|quantity| quantity.0.clone()))
+        .unwrap_or_default()
+}
+
+/// StorageClass name of a claim ("" for the default class).
+pub fn claim_class(claim: &PersistentVolumeClaim) -> String {
+    claim.spec.as_ref().and_then(|spec| spec.storage_class_name.clone()).unwrap_or_default()
+}
+
+/// Fills [`Observed::expandable_classes`] for the claims that are smaller than the spec asks:
+/// a GET per class, only when storage must grow (never in a steady pass).
+pub async fn storage_classes(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    let wanted = parse_bytes(&database.spec.storage_size).unwrap_or(0);
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    for claim in &observed.claims {
+        if parse_bytes(&claim_request(claim)).unwrap_or(0) >= wanted {
+            continue;
+        }
+        let class = claim_class(claim);
+        if observed.expandable_classes.contains_key(&class) {
+            continue;
+        }
+        let expandable = classes.get_opt(&class).await?.and_then(|class| class.allow_volume_expansion).unwrap_or(false);
+        observed.expandable_classes.insert(class, expandable);
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! One pass for a DatabaseService that is not being deleted:
+//! observe (caches) → decide (pure) → build (pure) → apply → publish.
+
+use crate::api::database_service::DatabaseService;
+use crate::operator::caches::cached;
+use crate::operator::context::PassContext;
+use crate::operator::database::apply::{apply, clear_switchover_request, ApplyFailed};
+use crate::operator::database::archiving::ArchivingHealth;
+use crate::operator::database::build::{desired, generate_password, NewPasswords};
+use crate::operator::database::decide::{credentials_conflict, decide, journal_applied, DecideInput};
+use crate::operator::database::error::ReconcileError;
+use crate::operator::database::observe::{from_caches, primary_lease, storage_classes};
+use crate::operator::journal::now;
+use crate::operator::publish::{publish, publish_applied};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use std::time::Duration;
+
+/// How soon a pass that found the caches behind our own writes looks again.
+const CACHE_LAG_RETRY: Duration = Duration::from_millis(200);
+
+/// Whether every cache finished its first list (waiting a little for it at start-up).
+pub async fn caches_ready(context: &PassContext) -> bool {
+    tokio::time::timeout(CACHE_SYNC_WAIT, context.stores.wait_until_ready()).await.is_ok_and(|ready| ready.is_ok())
+}
+
+/// How long a pass waits for the first lists of the caches before it requeues.
+const CACHE_SYNC_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether the caches show every write of the earlier passes for `database`.
+fn caches_caught_up(database: &DatabaseService, context: &PassContext) -> bool {
+    let namespace = database.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", database.name_any());
+    let stores = &context.stores;
+    context.expectations.satisfied(&key, |kind, name| match kind {
+        "DatabaseService" => database.resource_version(),
+        "StatefulSet" => cached(&stores.stateful_sets, &namespace, name)?.resource_version(),
+        "Service" => cached(&stores.services, &namespace, name)?.resource_version(),
+        "ConfigMap" => cached(&stores.config_maps, &namespace, name)?.resource_version(),
+        "Secret" => cached(&stores.secrets, &namespace, name)?.meta().resource_version.clone(),
+        "Pod" => cached(&stores.pods, &namespace, name)?.resource_version(),
+        "PersistentVolumeClaim" => cached(&stores.claims, &namespace, name)?.resource_version(),
+        _ => None,
+    })
+}
+
+/// Sets the WAL archiving metrics from what decide saw (Unknown keeps the last known values).
+fn record_archiving(database: &DatabaseService, health: &ArchivingHealth, context: &PassContext) {
+    let namespace = database.namespace().unwrap_or_default();
+    let name = database.name_any();
+    let metrics = &context.shared.metrics;
+    match health {
+        ArchivingHealth::NotConfigured => metrics.forget_wal_archiving(&namespace, &name),
+        ArchivingHealth::Unknown => {}
+        ArchivingHealth::Healthy => metrics.set_wal_archiving(&namespace, &name, None),
+        ArchivingHealth::Failing { since } => metrics.set_wal_archiving(&namespace, &name, Some(*since)),
+    }
+}
+
+/// Reconciles a DatabaseService that is not being deleted.
+pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
+    if !caches_ready(context).await {
+        return Ok(Action::requeue(CACHE_LAG_RETRY));
+    }
+    if !caches_caught_up(database, context) {
+        return Ok(Action::requeue(CACHE_LAG_RETRY));
+    }
+    let now = now();
+    let mut observed = from_caches(database, &context.stores);
+    storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    let mut decision = decide(&DecideInput { database, observed: &observed, settings: &context.shared.settings, now });
+    record_archiving(database, &decision.archiving, context);
+    if !context.may_write() {
+        return Err(ReconcileError::StepDown);
+    }
+    if let Some(workload) = decision.workload.clone() {
+        let passwords = workload
+            .create_credentials
+            .then(|| NewPasswords { password: generate_password(), replication_password: generate_password() });
+        let children = desired(database, &workload.inputs, passwords);
+        // The children written stay written even when apply fails part-way, and the next pass finds
+        // nothing left to correct: what they record (a drift put back, a child recreated) is told
+        // now or never. The decisions themselves are decided again by the next pass.
+        let (applied, failure) = match apply(database, children, &workload, &observed, context).await {
+            Ok(applied) => (applied, None),
+            Err(ApplyFailed { applied, error }) => (applied, Some(error)),
+        };
+        if applied.credentials_conflict {
+            credentials_conflict(&mut decision, database, now);
+        }
+        let told = journal_applied(&workload, &applied, database.metadata.generation.unwrap_or(0), now);
+        if let Some(error) = failure {
+            publish_applied(database, &told, observed.ledger.is_some(), context).await;
+            return Err(ReconcileError::Apply(error));
+        }
+        decision.journal.extend(told);
+    }
+    if !context.may_write() {
+        return Err(ReconcileError::StepDown);
+    }
+    publish(database, &decision.status, &decision.journal, observed.ledger.is_some(), context)
+        .await
+        .map_err(ReconcileError::Publish)?;
+    if decision.workload.as_ref().is_some_and(|workload| workload.clear_switchover_request) {
+        clear_switchover_request(database, context).await.map_err(ReconcileError::Publish)?;
+    }
+    Ok(decision.requeue.map_or_else(Action::await_change, Action::requeue))
+}

@@ -1,0 +1,115 @@
+//! What a pass decided to tell: Kubernetes events and ledger entries, collected by the pure
+//! stages and written once by `publish`. Also the time helpers every stage shares.
+
+use crate::operator::ledger::LedgerEntry;
+use chrono::{DateTime, Utc};
+
+/// One Kubernetes event to publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEvent {
+    /// Warning rather than Normal.
+    pub warning: bool,
+    /// CamelCase reason, such as Restarted.
+    pub reason: String,
+    /// What happened, for people.
+    pub note: String,
+    /// The action taken (usually the reason).
+    pub action: String,
+}
+
+/// Events and ledger entries of one pass, published at its end.
+#[derive(Clone, Debug, Default)]
+pub struct Journal {
+    /// Ledger entries, oldest first.
+    pub entries: Vec<LedgerEntry>,
+    /// Events, in the order they happened.
+    pub events: Vec<JournalEvent>,
+}
+
+/// A position in a [`Journal`]: how many entries and events it held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalMark {
+    entries: usize,
+    events: usize,
+}
+
+impl Journal {
+    /// Records an event (Warning when `warning`) and optionally a ledger entry.
+    pub fn record(&mut self, warning: bool, reason: &str, note: String, entry: Option<LedgerEntry>) {
+        self.events.push(JournalEvent { warning, reason: reason.into(), note, action: reason.into() });
+        self.entries.extend(entry);
+    }
+
+    /// Appends everything recorded in `other`.
+    pub fn extend(&mut self, other: Journal) {
+        self.entries.extend(other.entries);
+        self.events.extend(other.events);
+    }
+
+    /// Where the journal stands now, for [`Journal::since`].
+    pub fn mark(&self) -> JournalMark {
+        JournalMark { entries: self.entries.len(), events: self.events.len() }
+    }
+
+    /// What was recorded after `mark`.
+    pub fn since(&self, mark: JournalMark) -> Journal {
+        Journal {
+            entries: self.entries.get(mark.entries..).unwrap_or_default().to_vec(),
+            events: self.events.get(mark.events..).unwrap_or_default().to_vec(),
+        }
+    }
+
+    /// Reasons of the recorded events, for tests and logs.
+    pub fn reasons(&self) -> Vec<&str> {
+        self.events.iter().map(|event| event.reason.as_str()).collect()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.events.is_empty()
+    }
+}
+
+/// The current time; only the reconcile entry point reads the clock, the stages get it passed in.
+pub fn now() -> DateTime<Utc> {
+    Utc::now()
+}
+
+/// RFC 3339 in whole seconds, as written to status and the ledger.
+pub fn rfc3339(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// Parses a time written by [`rfc3339`]; None when absent or unreadable.
+pub fn parse_time(text: &Option<String>) -> Option<DateTime<Utc>> {
+    text.as_deref().and_then(|text| DateTime::parse_from_rfc3339(text).ok()).map(|time| time.with_timezone(&Utc))
+}
+
+/// Seconds from `since` to `now` (negative when `since` is in the future).
+pub fn seconds_between(since: DateTime<Utc>, now: DateTime<Utc>) -> i64 {
+    (now - since).num_seconds()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_a_mark_gives_only_what_was_recorded_after_it() {
+        let mut journal = Journal::default();
+        let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        journal.record(false, "Restarted", "decided".into(), Some(LedgerEntry::at(at, 1, "Restarted", "", "", "")));
+        let mark = journal.mark();
+        journal.record(
+            true,
+            "DriftCorrected",
+            "applied".into(),
+            Some(LedgerEntry::at(at, 1, "DriftCorrected", "", "", "")),
+        );
+        journal.record(false, "Updated", "applied".into(), None);
+        let applied = journal.since(mark);
+        assert_eq!(applied.reasons(), ["DriftCorrected", "Updated"]);
+        assert_eq!(applied.entries.iter().map(|entry| entry.action.as_str()).collect::<Vec<_>>(), ["DriftCorrected"]);
+        assert!(journal.since(journal.mark()).is_empty());
+    }
+}

@@ -1,0 +1,268 @@
+//! `wal-archive` and `wal-restore`. PostgreSQL retries a failed `archive_command` forever and
+//! recycles a segment only after success, so every failure here is an error exit, never a
+//! silent success; and as its documentation requires, archiving a file that is already in the
+//! archive with the same content succeeds, while a different file under the same name fails.
+
+use crate::store::client::{S3Client, StoreError};
+use crate::store::compression::{Compression, CompressionError};
+use crate::store::config::{StoreConfigError, WalArchiveArgs, WalRestoreArgs};
+use crate::store::keys::{KeyError, WalFileName};
+use crate::store::signing::sha256_hex;
+use bytes::Bytes;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Metadata holding the SHA-256 of the uncompressed file.
+pub const SHA256_METADATA: &str = "dbservice-sha256";
+
+/// Metadata naming the compression.
+pub const COMPRESSION_METADATA: &str = "dbservice-compression";
+
+/// The largest WAL segment PostgreSQL allows (`--wal-segsize` 1024 MiB).
+pub const MAX_WAL_FILE_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// What to do with a file given what the archive already holds under its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArchiveDecision {
+    /// Nothing there: upload.
+    Upload,
+    /// The same content is already archived: succeed without uploading.
+    AlreadyArchived,
+    /// Different (or unverifiable) content under the same name: fail, never overwrite.
+    Conflict {
+        /// The stored SHA-256, if the object had one.
+        stored_sha256: Option<String>,
+    },
+}
+
+/// Decides from the stored object's metadata (`None`: no object) and the local file's SHA-256.
+pub fn archive_decision(stored: Option<Option<&str>>, local_sha256: &str) -> ArchiveDecision {
+    match stored {
+        None => ArchiveDecision::Upload,
+        Some(Some(stored)) if stored.eq_ignore_ascii_case(local_sha256) => ArchiveDecision::AlreadyArchived,
+        Some(stored) => ArchiveDecision::Conflict { stored_sha256: stored.map(str::to_string) },
+    }
+}
+
+/// Why archiving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WalArchiveError {
+    /// Bad settings.
+    #[error(transparent)]
+    Config(#[from] StoreConfigError),
+    /// `%f` is not a WAL file name.
+    #[error(transparent)]
+    Name(#[from] KeyError),
+    /// The file cannot be read or is too large.
+    #[error("read {path}: {message}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// Compression failed.
+    #[error(transparent)]
+    Compress(#[from] CompressionError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A different file with this name is already archived.
+    #[error(
+        "{key} already exists with different content (stored sha256 {stored}, local {local}); refusing to overwrite"
+    )]
+    Conflict {
+        /// Object key.
+        key: String,
+        /// Stored checksum, or "none".
+        stored: String,
+        /// Local checksum.
+        local: String,
+    },
+}
+
+/// What `wal-archive` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveOutcome {
+    /// Uploaded.
+    Uploaded,
+    /// Already there with the same content.
+    AlreadyArchived,
+}
+
+/// Archives one file to `client` (the testable core of `wal-archive`).
+pub async fn archive_file(
+    client: &S3Client,
+    key: &str,
+    path: &Path,
+    compression: Compression,
+) -> Result<ArchiveOutcome, WalArchiveError> {
+    let read_error = |message: String| WalArchiveError::Read { path: path.display().to_string(), message };
+    let size = tokio::fs::metadata(path).await.map_err(|error| read_error(error.to_string()))?.len();
+    if size > MAX_WAL_FILE_BYTES {
+        return Err(read_error(format!("{size} bytes is larger than any WAL file ({MAX_WAL_FILE_BYTES})")));
+    }
+    let content = tokio::fs::read(path).await.map_err(|error| read_error(error.to_string()))?;
+    let local_sha256 = sha256_hex(&content);
+    let stored = client.head_object(key).await?;
+    let stored_sha256 = stored.as_ref().map(|object| object.metadata.get(SHA256_METADATA).map(String::as_str));
+    match archive_decision(stored_sha256, &local_sha256) {
+        ArchiveDecision::AlreadyArchived => Ok(ArchiveOutcome::AlreadyArchived),
+        ArchiveDecision::Conflict { stored_sha256 } => Err(WalArchiveError::Conflict {
+            key: key.to_string(),
+            stored: stored_sha256.unwrap_or_else(|| "none".to_string()),
+            local: local_sha256,
+        }),
+        ArchiveDecision::Upload => {
+            // Compression is CPU-bound: keep it off the runtime's I/O threads.
+            let packed = tokio::task::spawn_blocking(move || compression.compress(&content))
+                .await
+                .map_err(|error| read_error(format!("compression task: {error}")))??;
+            let compression_name = format!("{compression:?}").to_lowercase();
+            client
+                .put_object(
+                    key,
+                    Bytes::from(packed),
+                    &[(SHA256_METADATA, &local_sha256), (COMPRESSION_METADATA, &compression_name)],
+                )
+                .await?;
+            Ok(ArchiveOutcome::Uploaded)
+        }
+    }
+}
+
+/// `dbservice-operator wal-archive %p %f`.
+pub async fn archive_command(args: WalArchiveArgs) -> Result<(), WalArchiveError> {
+    let name = WalFileName::parse(&args.file_name)?;
+    let (client, layout) = args.store.connect()?;
+    let key = layout.wal_key(&name, args.store.compression);
+    let outcome = archive_file(&client, &key, &args.wal_path, args.store.compression).await?;
+    if outcome == ArchiveOutcome::AlreadyArchived {
+        // PostgreSQL logs the command's stderr: say why nothing was uploaded.
+        eprintln!("wal-archive: {} is already archived with the same content", name.as_str());
+    }
+    Ok(())
+}
+
+/// Why restoring failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WalRestoreError {
+    /// Bad settings.
+    #[error(transparent)]
+    Config(#[from] StoreConfigError),
+    /// `%f` is not a WAL file name.
+    #[error(transparent)]
+    Name(#[from] KeyError),
+    /// The archive does not have the file (the normal end of recovery, for PostgreSQL).
+    #[error("{key} is not in the archive")]
+    NotFound {
+        /// Object key.
+        key: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Decompression failed.
+    #[error(transparent)]
+    Decompress(#[from] CompressionError),
+    /// The restored content does not match the checksum stored at archive time.
+    #[error("{key}: content sha256 {actual} differs from the archived {expected}")]
+    Corrupt {
+        /// Object key.
+        key: String,
+        /// Stored checksum.
+        expected: String,
+        /// Checksum of what was downloaded.
+        actual: String,
+    },
+    /// Writing the file failed.
+    #[error("write {path}: {error}")]
+    Write {
+        /// The file.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+/// Downloads one archived file into `destination` (the testable core of `wal-restore`). The
+/// file appears under its name only once complete: it is written beside it and renamed.
+pub async fn restore_file(
+    client: &S3Client,
+    key: &str,
+    destination: &Path,
+    compression: Compression,
+) -> Result<(), WalRestoreError> {
+    let object = client
+        .get_object(key, MAX_WAL_FILE_BYTES as usize)
+        .await?
+        .ok_or_else(|| WalRestoreError::NotFound { key: key.to_string() })?;
+    let expected = object.metadata.get(SHA256_METADATA).cloned();
+    let content = tokio::task::spawn_blocking(move || compression.decompress(&object.body, MAX_WAL_FILE_BYTES))
+        .await
+        .map_err(|error| WalRestoreError::Write { path: destination.display().to_string(), error: error.into() })??;
+    let actual = sha256_hex(&content);
+    if let Some(expected) = expected.filter(|expected| !expected.eq_ignore_ascii_case(&actual)) {
+        return Err(WalRestoreError::Corrupt { key: key.to_string(), expected, actual });
+    }
+    let destination = destination.to_path_buf();
+    tokio::task::spawn_blocking(move || write_atomically(&destination, &content))
+        .await
+        .map_err(|error| WalRestoreError::Write { path: String::new(), error: error.into() })?
+}
+
+fn write_atomically(destination: &Path, content: &[u8]) -> Result<(), WalRestoreError> {
+    let write_error = |path: &Path, error| WalRestoreError::Write { path: path.display().to_string(), error };
+    let mut temporary = PathBuf::from(destination);
+    temporary.as_mut_os_string().push(".dbservice-partial");
+    let mut file = std::fs::File::create(&temporary).map_err(|error| write_error(&temporary, error))?;
+    file.write_all(content).and_then(|()| file.sync_all()).map_err(|error| write_error(&temporary, error))?;
+    std::fs::rename(&temporary, destination).map_err(|error| write_error(destination, error))
+}
+
+/// `dbservice-operator wal-restore %f %p`.
+pub async fn restore_command(args: WalRestoreArgs) -> Result<(), WalRestoreError> {
+    let name = WalFileName::parse(&args.file_name)?;
+    let (client, layout) = args.store.connect()?;
+    let key = layout.wal_key(&name, args.store.compression);
+    restore_file(&client, &key, &args.destination, args.store.compression).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_file_is_uploaded() {
+        assert_eq!(archive_decision(None, "aa"), ArchiveDecision::Upload);
+    }
+
+    #[test]
+    fn the_same_file_twice_succeeds_without_upload() {
+        assert_eq!(archive_decision(Some(Some("ABCD")), "abcd"), ArchiveDecision::AlreadyArchived);
+    }
+
+    #[test]
+    fn a_different_file_with_the_same_name_fails() {
+        assert_eq!(
+            archive_decision(Some(Some("abcd")), "ef01"),
+            ArchiveDecision::Conflict { stored_sha256: Some("abcd".into()) }
+        );
+    }
+
+    #[test]
+    fn an_object_without_our_checksum_is_never_overwritten() {
+        assert_eq!(archive_decision(Some(None), "ef01"), ArchiveDecision::Conflict { stored_sha256: None });
+    }
+
+    #[test]
+    fn restored_files_appear_complete_or_not_at_all() {
+        let directory = tempfile::tempdir().unwrap();
+        let destination = directory.path().join("RECOVERYXLOG");
+        write_atomically(&destination, b"segment").unwrap();
+        assert_eq!(std::fs::read(&destination).unwrap(), b"segment");
+        let names: Vec<_> =
+            std::fs::read_dir(directory.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("RECOVERYXLOG")]);
+    }
+}
