@@ -179,7 +179,7 @@ pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
 /// `dbservice-operator ledger NAME -n NAMESPACE`.
 pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::api::database_service::DatabaseService;
-    use crate::operator::database::build::ChildNames;
+    use crate::api::names::ChildNames;
     use crate::operator::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     install_crypto_provider();

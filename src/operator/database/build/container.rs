@@ -1,0 +1,72 @@
+//! Build (pure): the containers of a database pod — PostgreSQL (with the agent as its main
+//! process when the operator knows its image) and the init container that brings the agent in.
+
+use crate::api::database_service::DatabaseService;
+use crate::api::names::ChildNames;
+use crate::api::pod::{AGENT_DIRECTORY, AGENT_INIT_CONTAINER, OPERATOR_BINARY, PGDATA, POSTGRES_PORT};
+use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
+use crate::operator::database::build::probes::{liveness_probe, readiness_probe};
+use crate::operator::database::build::security::restricted_security_context;
+use crate::operator::database::build::volumes::{agent_mount, postgres_mounts};
+use crate::operator::database::build::{primary_host, WorkloadInputs};
+use k8s_openapi::api::core::v1::{Container, ContainerPort, EnvVar};
+use kube::ResourceExt;
+
+/// The PostgreSQL container's environment: the credentials by Secret reference, the data
+/// directory, and either the agent's settings or (without an agent) the fixed primary's host.
+fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<EnvVar> {
+    let name = database.name_any();
+    let secret = ChildNames::credentials(&name);
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        secret_env("POSTGRES_USER", &secret, "username"),
+        secret_env("POSTGRES_PASSWORD", &secret, "password"),
+        secret_env("POSTGRES_DB", &secret, "database"),
+        secret_env("REPLICATION_USER", &secret, "replication-username"),
+        secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
+        plain_env("PGDATA", PGDATA),
+    ];
+    if with_agent {
+        env.push(field_env("POD_NAMESPACE", "metadata.namespace"));
+        env.push(plain_env("DBSERVICE_DATABASE", &name));
+        env.push(plain_env("DBSERVICE_AGENT", format!("{AGENT_DIRECTORY}/dbservice-operator")));
+    } else {
+        env.push(plain_env("PRIMARY_HOST", primary_host(database)));
+    }
+    env
+}
+
+/// The PostgreSQL container.
+pub fn postgres_container(database: &DatabaseService, inputs: &WorkloadInputs) -> Container {
+    let with_agent = inputs.instance_image.is_some();
+    Container {
+        name: "postgres".into(),
+        image: Some(inputs.image.clone()),
+        command: Some(vec!["/bin/bash".into(), "/scripts/entrypoint.sh".into()]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgres".into()),
+            container_port: POSTGRES_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        env: Some(postgres_environment(database, with_agent)),
+        readiness_probe: Some(readiness_probe()),
+        liveness_probe: liveness_probe(with_agent),
+        resources: database.spec.resources.clone(),
+        security_context: Some(restricted_security_context()),
+        volume_mounts: Some(postgres_mounts(with_agent)),
+        ..Default::default()
+    }
+}
+
+/// The init container that copies the operator's binary (the agent) from `image` into the pod.
+pub fn agent_init_container(image: &str) -> Container {
+    Container {
+        name: AGENT_INIT_CONTAINER.into(),
+        image: Some(image.to_string()),
+        command: Some(vec![OPERATOR_BINARY.into(), "install-binary".into(), AGENT_DIRECTORY.into()]),
+        security_context: Some(restricted_security_context()),
+        volume_mounts: Some(vec![agent_mount()]),
+        ..Default::default()
+    }
+}

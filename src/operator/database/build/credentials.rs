@@ -1,0 +1,55 @@
+//! Build (pure): the credentials Secret, created once (never overwritten), and the scripts
+//! ConfigMap the PostgreSQL container runs.
+
+use crate::api::database_service::DatabaseService;
+use crate::api::names::ChildNames;
+use crate::api::pod::{POSTGRES_PORT, REPLICATION_USER};
+use crate::operator::database::build::metadata;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::ByteString;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+
+const ENTRYPOINT_SCRIPT: &str = include_str!("scripts/entrypoint.sh");
+const PRIMARY_INIT_SCRIPT: &str = include_str!("scripts/primary-init.sh");
+
+/// The credentials Secret; `password` and `replication_password` come from the CSPRNG once.
+pub fn credentials_secret(database: &DatabaseService, password: &str, replication_password: &str) -> Secret {
+    let name = database.name_any();
+    let spec = &database.spec;
+    let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
+    let uri = format!("postgresql://{}:{password}@{host}:{POSTGRES_PORT}/{}", spec.username, spec.database_name);
+    let data: BTreeMap<String, ByteString> = [
+        ("username", spec.username.clone()),
+        ("password", password.to_string()),
+        ("database", spec.database_name.clone()),
+        ("host", host),
+        ("port", POSTGRES_PORT.to_string()),
+        ("uri", uri),
+        ("replication-username", REPLICATION_USER.to_string()),
+        ("replication-password", replication_password.to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())))
+    .collect();
+    Secret {
+        metadata: metadata(database, ChildNames::credentials(&name)),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap holding the bootstrap and replication scripts.
+pub fn scripts_config_map(database: &DatabaseService) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(database, ChildNames::scripts(&database.name_any())),
+        data: Some(
+            [("entrypoint.sh", ENTRYPOINT_SCRIPT), ("primary-init.sh", PRIMARY_INIT_SCRIPT)]
+                .into_iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}

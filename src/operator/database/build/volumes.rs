@@ -1,0 +1,82 @@
+//! Build (pure): the volumes of the database pods, where the PostgreSQL container mounts them,
+//! and the data volume's claim template.
+
+use crate::api::database_service::DatabaseService;
+use crate::api::names::{labels, ChildNames, DATA_VOLUME};
+use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME};
+use crate::operator::database::build::WorkloadInputs;
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use std::collections::BTreeMap;
+
+/// Where the agent's binary is mounted (written by the init container, read by PostgreSQL's).
+pub fn agent_mount() -> VolumeMount {
+    VolumeMount { name: AGENT_VOLUME.into(), mount_path: AGENT_DIRECTORY.into(), ..Default::default() }
+}
+
+/// The PostgreSQL container's mounts: data, scripts, socket and temporary directories, and the
+/// agent's binary (read-only) when there is an agent.
+pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
+    let mut mounts = vec![
+        VolumeMount { name: DATA_VOLUME.into(), mount_path: "/var/lib/postgresql/data".into(), ..Default::default() },
+        VolumeMount {
+            name: "scripts".into(),
+            mount_path: "/scripts".into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
+        VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+    ];
+    if with_agent {
+        mounts.push(VolumeMount { read_only: Some(true), ..agent_mount() });
+    }
+    mounts
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
+}
+
+/// The pod's volumes besides the data claim: the scripts ConfigMap, the socket and temporary
+/// directories, and the agent's binary directory when there is an agent.
+pub fn pod_volumes(name: &str, with_agent: bool) -> Vec<Volume> {
+    let scripts = Volume {
+        name: "scripts".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: ChildNames::scripts(name),
+            default_mode: Some(0o555),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    vec![scripts, empty_dir("run"), empty_dir("tmp")]
+        .into_iter()
+        .chain(with_agent.then(|| empty_dir(AGENT_VOLUME)))
+        .collect()
+}
+
+/// The data volume's claim template, of the size the StatefulSet was created with.
+pub fn claim_template(database: &DatabaseService, inputs: &WorkloadInputs) -> PersistentVolumeClaim {
+    let mut claim_request = BTreeMap::new();
+    claim_request.insert("storage".to_string(), Quantity(inputs.claim_template_size.clone()));
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.into()),
+            labels: Some(labels(&database.name_any())),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: database.spec.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements { requests: Some(claim_request), ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
