@@ -75,7 +75,7 @@ async fn attempt(
 ) -> (Vec<RecoveryPhase>, Result<RecoveryStatus, (RecoveryStatus, String)>) {
     let config = instance_config(sandbox, bin, pgdata);
     let args = dbservice_operator::instance::recovery::restore_args(
-        &plan,
+        plan,
         pgdata,
         Path::new(BINARY),
         credentials,

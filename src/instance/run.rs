@@ -150,7 +150,7 @@ async fn recover(
     let password = std::env::var("POSTGRES_PASSWORD").unwrap_or_default();
     let binary = std::env::current_exe()
         .unwrap_or_else(|_| PathBuf::from(crate::api::pod::AGENT_DIRECTORY).join("dbservice-operator"));
-    let restore_args = crate::instance::recovery::restore_args_in_pod(&plan, &config.pgdata, &binary);
+    let restore_args = crate::instance::recovery::restore_args_in_pod(plan, &config.pgdata, &binary);
     match crate::instance::recovery::recover(config, plan, restore_args, &password, attempt, stop, &mut report).await {
         Ok(status) => {
             tracing::info!(instance = %config.name, backup = ?status.backup_id, restore_seconds = ?status.restore_seconds, replay_seconds = ?status.replay_seconds, "recovery completed");
