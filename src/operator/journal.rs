@@ -1,8 +1,10 @@
 //! What a pass decided to tell: Kubernetes events and ledger entries, collected by the pure
 //! stages and written once by `publish`. Also the time helpers every stage shares.
 
+use crate::operator::conditions;
 use crate::operator::ledger::LedgerEntry;
 use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// One Kubernetes event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,6 +17,26 @@ pub struct JournalEvent {
     pub note: String,
     /// The action taken (usually the reason).
     pub action: String,
+}
+
+/// One change worth telling, recorded at once by [`Journal::transition`]: the condition it sets,
+/// the event that announces it and, when it belongs in the history, its ledger entry.
+#[derive(Clone, Debug)]
+pub struct Transition<'a> {
+    /// Condition type set, such as `Degraded`.
+    pub condition: &'a str,
+    /// The condition's new status.
+    pub status: bool,
+    /// The condition's reason, such as `InsufficientResources`.
+    pub condition_reason: &'a str,
+    /// The event's reason, such as `Degraded`.
+    pub event_reason: &'a str,
+    /// A Warning event rather than a Normal one.
+    pub warning: bool,
+    /// What happened, for people: the event's note and the condition's message.
+    pub message: String,
+    /// The ledger entry, when the change belongs in the history.
+    pub entry: Option<LedgerEntry>,
 }
 
 /// Events and ledger entries of one pass, published at its end.
@@ -38,6 +60,20 @@ impl Journal {
     pub fn record(&mut self, warning: bool, reason: &str, note: String, entry: Option<LedgerEntry>) {
         self.events.push(JournalEvent { warning, reason: reason.into(), note, action: reason.into() });
         self.entries.extend(entry);
+    }
+
+    /// Records a [`Transition`]: sets its condition in `conditions` and records its event and
+    /// ledger entry, so that the three never disagree.
+    pub fn transition(
+        &mut self,
+        conditions: &mut Vec<Condition>,
+        transition: Transition<'_>,
+        generation: i64,
+        now: DateTime<Utc>,
+    ) {
+        let Transition { condition, status, condition_reason, event_reason, warning, message, entry } = transition;
+        conditions::set(conditions, condition, status, condition_reason, message.clone(), Some(generation), now);
+        self.record(warning, event_reason, message, entry);
     }
 
     /// Appends everything recorded in `other`.
@@ -93,6 +129,38 @@ pub fn seconds_between(since: DateTime<Utc>, now: DateTime<Utc>) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transition_sets_its_condition_and_records_its_event_and_entry_together() {
+        let mut journal = Journal::default();
+        let mut conditions = Vec::new();
+        let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        let transition = Transition {
+            condition: "Degraded",
+            status: true,
+            condition_reason: "InsufficientResources",
+            event_reason: "Degraded",
+            warning: true,
+            message: "running 1 of 3 instances".into(),
+            entry: Some(LedgerEntry::at(at, 4, "Degraded", "3", "1", "standbys scaled away")),
+        };
+        journal.transition(&mut conditions, transition, 4, at);
+        assert_eq!(conditions.len(), 1);
+        let condition = &conditions[0];
+        assert_eq!(
+            (condition.type_.as_str(), condition.status.as_str(), condition.reason.as_str()),
+            ("Degraded", "True", "InsufficientResources")
+        );
+        assert_eq!((condition.message.as_str(), condition.observed_generation), ("running 1 of 3 instances", Some(4)));
+        assert_eq!(journal.events.len(), 1);
+        assert!(journal.events[0].warning);
+        assert_eq!(
+            (journal.events[0].reason.as_str(), journal.events[0].note.as_str()),
+            ("Degraded", "running 1 of 3 instances")
+        );
+        assert_eq!(journal.entries.len(), 1);
+        assert_eq!(journal.entries[0].action, "Degraded");
+    }
 
     #[test]
     fn since_a_mark_gives_only_what_was_recorded_after_it() {

@@ -114,72 +114,12 @@ pub fn decide(input: &DecideInput) -> Decision {
     let old_status = database.status.clone().unwrap_or_default();
     let mut status = old_status.clone();
     let mut journal = Journal::default();
-
-    if database.spec.is_paused() {
-        let message = "spec.paused is true: the operator changes nothing";
-        conditions::set(&mut status.conditions, types::PAUSED, true, "Paused", message, Some(generation), now);
-        if !conditions::is_true(&old_status.conditions, types::PAUSED) {
-            let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
-            journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
-        }
+    if stopped_by_pause_or_invalid_spec(input, &old_status, &mut status, &mut journal) {
         return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
     }
-    if conditions::is_true(&old_status.conditions, types::PAUSED) {
-        let entry = LedgerEntry::at(now, generation, "Resumed", "", "", "reconciliation resumed");
-        journal.record(false, "Resumed", "reconciliation resumed".into(), Some(entry));
-    }
-    conditions::remove(&mut status.conditions, types::PAUSED);
-
-    // The webhook's own validation: an object stored while the webhook was absent changes nothing.
-    let validation = ValidationSettings {
-        min_storage_bytes: parse_bytes(&settings.min_storage_size).unwrap_or(0),
-        min_storage_size: settings.min_storage_size.clone(),
-        today: now.date_naive(),
-    };
-    let outcome = validate(database, None, &validation);
-    if !outcome.is_allowed() {
-        let message = outcome.message();
-        if !conditions::is_true(&old_status.conditions, types::INVALID_SPEC) {
-            let entry = LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone());
-            journal.record(true, "InvalidSpec", message.clone(), Some(entry));
-        }
-        let reason = "ValidationFailed";
-        conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
-        status.phase = Some(Phase::Failed);
-        status.observed_generation = Some(generation);
-        return Decision { status, journal, workload: None, requeue: None, archiving: ArchivingHealth::Unknown };
-    }
-    conditions::remove(&mut status.conditions, types::INVALID_SPEC);
-
-    match old_status.observed_generation {
-        None => {
-            let target = format!("{} x{}", database.spec.version, database.spec.replicas_or_default());
-            journal.entries.push(LedgerEntry::at(now, generation, "Created", "", target, "provisioning started"));
-        }
-        Some(observed) if observed != generation => journal.entries.push(LedgerEntry::at(
-            now,
-            generation,
-            "SpecChanged",
-            format!("generation {observed}"),
-            format!("generation {generation}"),
-            "spec updated",
-        )),
-        Some(_) => {}
-    }
-
+    record_generation(database, &old_status, &mut journal, now);
     let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
-    let pods: Vec<PodHealth> = observed
-        .pods
-        .iter()
-        .map(|pod| {
-            let mut health = pod_health::pod_health(pod);
-            if crate::api::recovery::recovering(pod) {
-                // Not ready on purpose while it restores; a restart would only start over.
-                health.unhealthy_since = None;
-            }
-            health
-        })
-        .collect();
+    let pods = pod_healths(observed);
     let reported_recovery = crate::api::recovery::reported(&observed.pods);
     crate::operator::database::recovery::decide_recovery(&mut status, reported_recovery, generation, now, &mut journal);
     // The one StatefulSet this pass needs, expanded from its compact cached form.
@@ -215,13 +155,7 @@ pub fn decide(input: &DecideInput) -> Decision {
     );
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
-    // Only the primary archives: its report alone says whether archiving works.
-    let primary_report = observed
-        .pods
-        .iter()
-        .find(|pod| Some(pod.name_any().as_str()) == primary)
-        .and_then(|pod| report_of(pod))
-        .and_then(|report| report.archiving);
+    let primary_report = primary_archiving_report(observed, primary);
     let archiving = decide_archiving(
         database.spec.backup.as_ref(),
         primary,
@@ -254,17 +188,123 @@ pub fn decide(input: &DecideInput) -> Decision {
             && old_status.observed_generation == Some(generation)
             && !rollout.changed_workload,
     };
-    // Child and pod events wake the controller; the periodic look is a safety net for time-based
-    // decisions (backoff, deadlines, restore probes) while something is still wrong.
-    let requeue = if failover.urgent {
+    let requeue = requeue_after(failover.urgent, converged, archiving.warn_in);
+    Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+}
+
+/// Pause and an invalid spec stop a pass before anything is decided: true when one of them
+/// does (the status says which), after telling the change once.
+fn stopped_by_pause_or_invalid_spec(
+    input: &DecideInput,
+    old_status: &DatabaseServiceStatus,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+) -> bool {
+    let DecideInput { database, settings, now, .. } = *input;
+    let generation = database.metadata.generation.unwrap_or(0);
+    if database.spec.is_paused() {
+        let message = "spec.paused is true: the operator changes nothing";
+        conditions::set(&mut status.conditions, types::PAUSED, true, "Paused", message, Some(generation), now);
+        if !conditions::is_true(&old_status.conditions, types::PAUSED) {
+            let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
+            journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
+        }
+        return true;
+    }
+    if conditions::is_true(&old_status.conditions, types::PAUSED) {
+        let entry = LedgerEntry::at(now, generation, "Resumed", "", "", "reconciliation resumed");
+        journal.record(false, "Resumed", "reconciliation resumed".into(), Some(entry));
+    }
+    conditions::remove(&mut status.conditions, types::PAUSED);
+
+    // The webhook's own validation: an object stored while the webhook was absent changes nothing.
+    let validation = ValidationSettings {
+        min_storage_bytes: parse_bytes(&settings.min_storage_size).unwrap_or(0),
+        min_storage_size: settings.min_storage_size.clone(),
+        today: now.date_naive(),
+    };
+    let outcome = validate(database, None, &validation);
+    if !outcome.is_allowed() {
+        let message = outcome.message();
+        if !conditions::is_true(&old_status.conditions, types::INVALID_SPEC) {
+            let entry = LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone());
+            journal.record(true, "InvalidSpec", message.clone(), Some(entry));
+        }
+        let reason = "ValidationFailed";
+        conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
+        status.phase = Some(Phase::Failed);
+        status.observed_generation = Some(generation);
+        return true;
+    }
+    conditions::remove(&mut status.conditions, types::INVALID_SPEC);
+    false
+}
+
+/// Ledger entry of a new object or a new generation of its spec.
+fn record_generation(
+    database: &DatabaseService,
+    old_status: &DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) {
+    let generation = database.metadata.generation.unwrap_or(0);
+    match old_status.observed_generation {
+        None => {
+            let target = format!("{} x{}", database.spec.version, database.spec.replicas_or_default());
+            journal.entries.push(LedgerEntry::at(now, generation, "Created", "", target, "provisioning started"));
+        }
+        Some(observed) if observed != generation => journal.entries.push(LedgerEntry::at(
+            now,
+            generation,
+            "SpecChanged",
+            format!("generation {observed}"),
+            format!("generation {generation}"),
+            "spec updated",
+        )),
+        Some(_) => {}
+    }
+}
+
+/// Health of each pod; a pod that restores a backup is not ready on purpose, never unhealthy.
+fn pod_healths(observed: &Observed) -> Vec<PodHealth> {
+    observed
+        .pods
+        .iter()
+        .map(|pod| {
+            let mut health = pod_health::pod_health(pod);
+            if crate::api::recovery::recovering(pod) {
+                // Not ready on purpose while it restores; a restart would only start over.
+                health.unhealthy_since = None;
+            }
+            health
+        })
+        .collect()
+}
+
+/// Only the primary archives: its report alone says whether archiving works.
+fn primary_archiving_report(
+    observed: &Observed,
+    primary: Option<&str>,
+) -> Option<crate::api::failover::ArchivingReport> {
+    observed
+        .pods
+        .iter()
+        .find(|pod| Some(pod.name_any().as_str()) == primary)
+        .and_then(|pod| report_of(pod))
+        .and_then(|report| report.archiving)
+}
+
+/// When to look again. Child and pod events wake the controller; the periodic look is a safety
+/// net for time-based decisions (backoff, deadlines, restore probes) while something is wrong.
+fn requeue_after(urgent: bool, converged: bool, archiving_warn_in: Option<Duration>) -> Duration {
+    let requeue = if urgent {
         URGENT_REQUEUE
     } else if converged {
         Duration::from_secs(300)
     } else {
         Duration::from_secs(5)
     };
-    let requeue = archiving.warn_in.map_or(requeue, |warn_in| requeue.min(warn_in));
-    Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+    archiving_warn_in.map_or(requeue, |warn_in| requeue.min(warn_in))
 }
 
 /// Deletes `name` so that the StatefulSet recreates it from the update revision (updateStrategy

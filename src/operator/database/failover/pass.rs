@@ -201,14 +201,45 @@ pub fn decide_failover(
     let decision = failover::decide(&current, &observed, &settings, now);
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
-    let was_failing = current.primary_failing_since.is_some();
-    match decision.action {
+    tell(
+        decision.action,
+        &Telling { current: &current, next: &next, request: request.as_ref(), generation, now },
+        journal,
+        &mut outcome,
+    );
+    if request.is_some() && request == next.current_primary && next.target_primary == next.current_primary {
+        outcome.clear_switchover_request = true;
+    }
+    let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
+    outcome.primary = next.current_primary.clone().filter(|_| settled);
+    outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
+    status.instances = instance_statuses(&instances, lease);
+    status.failover = next;
+    outcome
+}
+
+/// What [`tell`] reads besides the action.
+struct Telling<'a> {
+    /// The failover status before this pass's decision.
+    current: &'a FailoverStatus,
+    /// The failover status after it.
+    next: &'a FailoverStatus,
+    /// The switchover a person asked for, if any.
+    request: Option<&'a String>,
+    generation: i64,
+    now: DateTime<Utc>,
+}
+
+/// Tells what the failover decision did (events, ledger entries) and what it asks of apply
+/// (release a gone primary's Lease, clear the switchover request).
+fn tell(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut FailoverOutcome) {
+    match action {
         Action::Steady
         | Action::WaitingForStandbys { .. }
         | Action::WaitingForPromotion { .. }
         | Action::WaitingForSynchronousQuorum { .. } => {}
         Action::PrimaryFailing { primary, failover_in } => {
-            if !was_failing {
+            if told.current.primary_failing_since.is_none() {
                 let note = format!(
                     "primary {primary} is unhealthy; failover in {}s unless it recovers",
                     failover_in.as_secs()
@@ -220,7 +251,7 @@ pub fn decide_failover(
             journal.record(false, "PrimaryRecovered", format!("primary {primary} is healthy again"), None);
         }
         Action::FailoverBlocked { primary, reason } => {
-            if current.primary_failing_since.is_some() || current.transition.is_some() {
+            if told.current.primary_failing_since.is_some() || told.current.transition.is_some() {
                 journal.record(
                     true,
                     "FailoverBlocked",
@@ -231,14 +262,15 @@ pub fn decide_failover(
         }
         Action::FailoverStarted { old_primary, release_lease } => {
             let note = format!("primary {old_primary} failed: choosing the most advanced standby");
-            let entry = LedgerEntry::at(now, generation, "FailoverStarted", old_primary.clone(), PENDING, "started");
+            let entry =
+                LedgerEntry::at(told.now, told.generation, "FailoverStarted", old_primary.clone(), PENDING, "started");
             journal.record(true, "FailoverStarted", note, Some(entry));
             if release_lease {
                 outcome.release_lease_of = Some(old_primary);
             }
         }
         Action::NoCandidate { rejected } => {
-            if current.target_primary.as_deref() != Some(PENDING) || current.transition.is_none() {
+            if told.current.target_primary.as_deref() != Some(PENDING) || told.current.transition.is_none() {
                 journal.record(
                     true,
                     "NoFailoverCandidate",
@@ -248,10 +280,16 @@ pub fn decide_failover(
             }
         }
         Action::PromotionRequested { kind, target } => {
-            let from = next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
+            let from = told.next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
             let note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
-            let entry =
-                LedgerEntry::at(now, generation, &format!("{}Promoting", kind_name(kind)), from, target, "requested");
+            let entry = LedgerEntry::at(
+                told.now,
+                told.generation,
+                &format!("{}Promoting", kind_name(kind)),
+                from,
+                target,
+                "requested",
+            );
             journal.record(false, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
         }
         Action::CandidateLost { target, reason } => {
@@ -269,8 +307,8 @@ pub fn decide_failover(
                 kind_name(kind).to_lowercase()
             );
             let entry = LedgerEntry::at(
-                now,
-                generation,
+                told.now,
+                told.generation,
                 kind_name(kind),
                 from,
                 to.clone(),
@@ -282,13 +320,19 @@ pub fn decide_failover(
                 note,
                 Some(entry),
             );
-            outcome.clear_switchover_request = request.is_some();
+            outcome.clear_switchover_request = told.request.is_some();
         }
         Action::TransitionAbandoned { kind, reason } => {
-            let entry =
-                LedgerEntry::at(now, generation, &format!("{}Abandoned", kind_name(kind)), "", "", reason.clone());
+            let entry = LedgerEntry::at(
+                told.now,
+                told.generation,
+                &format!("{}Abandoned", kind_name(kind)),
+                "",
+                "",
+                reason.clone(),
+            );
             journal.record(true, &format!("{}Abandoned", kind_name(kind)), reason, Some(entry));
-            outcome.clear_switchover_request = request.is_some() && kind == TransitionKind::Switchover;
+            outcome.clear_switchover_request = told.request.is_some() && kind == TransitionKind::Switchover;
         }
         Action::SwitchoverRejected { target, reason } => {
             journal.record(true, "SwitchoverRejected", format!("switchover to {target} refused: {reason:?}"), None);
@@ -303,15 +347,6 @@ pub fn decide_failover(
             );
         }
     }
-    if request.is_some() && request == next.current_primary && next.target_primary == next.current_primary {
-        outcome.clear_switchover_request = true;
-    }
-    let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
-    outcome.primary = next.current_primary.clone().filter(|_| settled);
-    outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
-    status.instances = instance_statuses(&instances, lease);
-    status.failover = next;
-    outcome
 }
 
 /// How soon to look again while a change is in progress (reports also wake the controller).
