@@ -7,10 +7,13 @@ use crate::api::database_service::DatabaseService;
 use crate::api::database_service_backup::{BackupTarget, DatabaseServiceBackup};
 use crate::api::names::{ChildNames, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::api::pod::AGENT_DIRECTORY;
-use crate::api::pod::{AGENT_INIT_CONTAINER, AGENT_VOLUME, OPERATOR_BINARY, POSTGRES_PORT};
+use crate::api::pod::{AGENT_VOLUME, POSTGRES_PORT};
 use crate::operator::database::build::archiving::add_archiving;
+use crate::operator::database::build::container::agent_init_container;
+use crate::operator::database::build::volumes::agent_mount;
 use crate::operator::database::build::{plain_env, restricted_security_context, secret_env};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::EnvVar;
 use k8s_openapi::api::core::v1::{
     Container, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Volume, VolumeMount,
 };
@@ -90,82 +93,13 @@ pub fn backup_job(
     if instance_image.is_empty() {
         return Err(BuildBackupJobError::NoInstanceImage);
     }
-    let namespace = database.namespace().unwrap_or_default();
-    let credentials = ChildNames::credentials(&database_name);
-    let primary = format!("{database_name}.{namespace}.svc");
-    let mut environment = vec![
-        plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
-        plain_env("PGPORT", POSTGRES_PORT.to_string()),
-        secret_env("PGUSER", &credentials, "replication-username"),
-        secret_env("PGPASSWORD", &credentials, "replication-password"),
-        // pg_switch_wal() on the primary completes the backup's last segment at once; the
-        // replication role may not call it, the database owner may.
-        plain_env("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
-        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_USER", &credentials, "username"),
-        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD", &credentials, "password"),
-        plain_env("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
-    ];
-    if let Some(retention) = &spec.retention_policy {
-        environment.push(plain_env("DBSERVICE_BACKUP_RETENTION", retention));
-    }
-    let restricted = restricted_security_context();
-    let binary_mount =
-        VolumeMount { name: AGENT_VOLUME.into(), mount_path: AGENT_DIRECTORY.into(), ..Default::default() };
-    let container = Container {
-        name: BACKUP_CONTAINER.into(),
-        image: Some(database.spec.image_or_default()),
-        command: Some(vec![format!("{AGENT_DIRECTORY}/dbservice-operator"), "backup".into()]),
-        env: Some(environment),
-        termination_message_path: Some(TERMINATION_LOG.into()),
-        // On failure without a summary, the end of the log is the message.
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        volume_mounts: Some(vec![
-            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
-            VolumeMount { read_only: Some(true), ..binary_mount.clone() },
-        ]),
-        security_context: Some(restricted.clone()),
-        ..Default::default()
-    };
-    // The same init container as the PostgreSQL pods: it copies our binary into the emptyDir.
-    let install = Container {
-        name: AGENT_INIT_CONTAINER.into(),
-        image: Some(instance_image.into()),
-        command: Some(vec![OPERATOR_BINARY.into(), "install-binary".into(), AGENT_DIRECTORY.into()]),
-        volume_mounts: Some(vec![binary_mount]),
-        security_context: Some(restricted),
-        ..Default::default()
-    };
-    let mut pod = PodSpec {
-        init_containers: Some(vec![install]),
-        containers: vec![container],
-        restart_policy: Some("Never".into()),
-        automount_service_account_token: Some(false),
-        enable_service_links: Some(false),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(999),
-            run_as_group: Some(999),
-            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
-            ..Default::default()
-        }),
-        volumes: Some(vec![
-            Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
-            Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
-        ]),
-        ..Default::default()
-    };
-    // The same store settings, CA and credential references as archiving, minus the settings
-    // only the PostgreSQL entrypoint reads.
-    add_archiving(&mut pod, database);
-    if let Some(environment) = pod.containers[0].env.as_mut() {
-        environment.retain(|variable| !variable.name.starts_with("DBSERVICE_ARCHIVE_"));
-    }
-    let labels = job_labels(&database_name);
+    let environment = backup_environment(backup, database, spec.retention_policy.as_deref());
+    let pod = backup_pod(database, backup_container(database, environment), instance_image);
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(job_name(backup)),
-            namespace: Some(namespace),
-            labels: Some(labels),
+            namespace: database.namespace(),
+            labels: Some(job_labels(&database_name)),
             owner_references: backup.controller_owner_ref(&()).map(|reference| vec![reference]),
             ..Default::default()
         },
@@ -190,6 +124,84 @@ pub fn backup_job(
         }),
         ..Default::default()
     })
+}
+
+/// The backup container's environment: where to back up from, as whom (Secret references),
+/// where the summary goes, and the retention to enforce after.
+fn backup_environment(
+    backup: &DatabaseServiceBackup,
+    database: &DatabaseService,
+    retention: Option<&str>,
+) -> Vec<EnvVar> {
+    let database_name = database.name_any();
+    let credentials = ChildNames::credentials(&database_name);
+    let primary = format!("{database_name}.{}.svc", database.namespace().unwrap_or_default());
+    let mut environment = vec![
+        plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
+        plain_env("PGPORT", POSTGRES_PORT.to_string()),
+        secret_env("PGUSER", &credentials, "replication-username"),
+        secret_env("PGPASSWORD", &credentials, "replication-password"),
+        // pg_switch_wal() on the primary completes the backup's last segment at once; the
+        // replication role may not call it, the database owner may.
+        plain_env("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
+        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_USER", &credentials, "username"),
+        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD", &credentials, "password"),
+        plain_env("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
+    ];
+    if let Some(retention) = retention {
+        environment.push(plain_env("DBSERVICE_BACKUP_RETENTION", retention));
+    }
+    environment
+}
+
+/// The container that runs `dbservice-operator backup` from the database's own image.
+fn backup_container(database: &DatabaseService, environment: Vec<EnvVar>) -> Container {
+    Container {
+        name: BACKUP_CONTAINER.into(),
+        image: Some(database.spec.image_or_default()),
+        command: Some(vec![format!("{AGENT_DIRECTORY}/dbservice-operator"), "backup".into()]),
+        env: Some(environment),
+        termination_message_path: Some(TERMINATION_LOG.into()),
+        // On failure without a summary, the end of the log is the message.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(vec![
+            VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+            VolumeMount { read_only: Some(true), ..agent_mount() },
+        ]),
+        security_context: Some(restricted_security_context()),
+        ..Default::default()
+    }
+}
+
+/// The Job's pod: the same init container as the PostgreSQL pods (it copies our binary into an
+/// emptyDir), no API token, and the same store settings as archiving.
+fn backup_pod(database: &DatabaseService, container: Container, instance_image: &str) -> PodSpec {
+    let mut pod = PodSpec {
+        init_containers: Some(vec![agent_init_container(instance_image)]),
+        containers: vec![container],
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(999),
+            run_as_group: Some(999),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        volumes: Some(vec![
+            Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
+            Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
+        ]),
+        ..Default::default()
+    };
+    // The same store settings, CA and credential references as archiving, minus the settings
+    // only the PostgreSQL entrypoint reads.
+    add_archiving(&mut pod, database);
+    if let Some(environment) = pod.containers[0].env.as_mut() {
+        environment.retain(|variable| !variable.name.starts_with("DBSERVICE_ARCHIVE_"));
+    }
+    pod
 }
 
 /// Whether `job` is the one this backup owns.

@@ -79,11 +79,9 @@ impl ObjectIdentity {
 
 /// Applies the deletion policy of a DatabaseService that is being deleted.
 pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
-    let client = &context.shared.client;
     let namespace = database.namespace().unwrap_or_default();
     let name = database.name_any();
     let uid = database.uid().unwrap_or_default();
-    let generation = database.metadata.generation.unwrap_or(0);
     let policy = database.spec.deletion_policy_or_default();
     context.shared.metrics.forget_wal_archiving(&namespace, &name);
     if !caches_ready(context).await {
@@ -108,11 +106,6 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
         .and_then(|ledger| ledger.expand())
         .filter(|ledger| is_owned_by(ledger, &uid))
         .map(|ledger| ObjectIdentity::of(&ledger));
-    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-    let secret_name = ChildNames::credentials(&name);
-    let ledger_name = ChildNames::ledger(&name);
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
     }
@@ -127,73 +120,10 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
         }
     }
 
-    let claim_names: Vec<String> = claims.iter().map(|claim| claim.name.clone()).collect();
-    let kept = if secret.is_some() { format!("Secret {secret_name}") } else { "no Secret of its own".into() };
-    let ledger_cached = observed.ledger.is_some();
+    let owned = Owned { claims, secret, ledger, ledger_cached: observed.ledger.is_some() };
     let (reason, note) = match policy {
-        DeletionPolicy::Retain => {
-            // The last ledger entry goes in first, written without an owner so it survives; a
-            // failure (namespace being deleted) must not keep the finalizer.
-            let entry = LedgerEntry::now(
-                generation,
-                "Deleted",
-                "",
-                "Retain",
-                format!("kept PVCs [{}], {kept} and this ledger", claim_names.join(", ")),
-            );
-            // Writing it also drops our ownerReference from the ledger.
-            let ledger_released = match record_ledger(database, &[entry], ledger_cached, false, context).await {
-                Ok(()) => true,
-                Err(error) => {
-                    tracing::warn!(database = %name, %error, "could not write the final ledger entry");
-                    false
-                }
-            };
-            for claim in &claims {
-                release(&claims_api, claim, &uid, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            if let Some(secret) = &secret {
-                release(&secrets, secret, &uid, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            if let Some(ledger) = ledger.as_ref().filter(|_| !ledger_released) {
-                release(&config_maps, ledger, &uid, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            (
-                "DataRetained",
-                format!(
-                    "deletionPolicy Retain: kept PVCs [{}], {kept} and ConfigMap {ledger_name}; delete them by hand when no longer needed",
-                    claim_names.join(", ")
-                ),
-            )
-        }
-        DeletionPolicy::Delete => {
-            let entry = LedgerEntry::now(
-                generation,
-                "Deleted",
-                "",
-                "Delete",
-                format!("deleting PVCs [{}] and {kept}", claim_names.join(", ")),
-            );
-            if let Err(error) = record_ledger(database, &[entry], ledger_cached, true, context).await {
-                tracing::warn!(database = %name, %error, "could not write the final ledger entry");
-            }
-            for claim in &claims {
-                delete_owned(&claims_api, claim, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            if let Some(secret) = &secret {
-                delete_owned(&secrets, secret, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            if let Some(ledger) = &ledger {
-                delete_owned(&config_maps, ledger, context).await.map_err(ReconcileError::Cleanup)?;
-            }
-            (
-                "DataDeleted",
-                format!(
-                    "deletionPolicy Delete: deleted PVCs [{}], {kept} and the ledger; objects of the same names that this DatabaseService did not create were left alone",
-                    claim_names.join(", ")
-                ),
-            )
-        }
+        DeletionPolicy::Retain => retain(database, &owned, context).await?,
+        DeletionPolicy::Delete => delete(database, &owned, context).await?,
     };
     let mut journal = Journal::default();
     journal.record(false, reason, note, None);
@@ -202,4 +132,120 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
     context.expectations.forget(&format!("{namespace}/{name}"));
     tracing::info!(database = %name, %namespace, policy = %policy, "cleanup done; removing the finalizer");
     Ok(Action::await_change())
+}
+
+/// What this DatabaseService owns and its deletion policy decides about.
+struct Owned {
+    claims: Vec<ObjectIdentity>,
+    secret: Option<ObjectIdentity>,
+    ledger: Option<ObjectIdentity>,
+    ledger_cached: bool,
+}
+
+impl Owned {
+    fn claim_names(&self) -> String {
+        self.claims.iter().map(|claim| claim.name.as_str()).collect::<Vec<_>>().join(", ")
+    }
+
+    fn kept_secret(&self, name: &str) -> String {
+        match &self.secret {
+            Some(_) => format!("Secret {}", ChildNames::credentials(name)),
+            None => "no Secret of its own".into(),
+        }
+    }
+}
+
+/// deletionPolicy Retain: the last ledger entry, then every owned object released (kept by the
+/// garbage collector). Returns the event's reason and note.
+async fn retain(
+    database: &DatabaseService,
+    owned: &Owned,
+    context: &PassContext,
+) -> Result<(&'static str, String), ReconcileError> {
+    let name = database.name_any();
+    let uid = database.uid().unwrap_or_default();
+    let generation = database.metadata.generation.unwrap_or(0);
+    let namespace = database.namespace().unwrap_or_default();
+    let client = &context.shared.client;
+    let (claims_api, secrets, config_maps): (Api<PersistentVolumeClaim>, Api<Secret>, Api<ConfigMap>) = (
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+    );
+    let (claim_names, kept, ledger_name) = (owned.claim_names(), owned.kept_secret(&name), ChildNames::ledger(&name));
+    let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
+    // The last ledger entry goes in first, written without an owner so it survives; a
+    // failure (namespace being deleted) must not keep the finalizer.
+    let entry = LedgerEntry::now(
+        generation,
+        "Deleted",
+        "",
+        "Retain",
+        format!("kept PVCs [{}], {kept} and this ledger", claim_names),
+    );
+    // Writing it also drops our ownerReference from the ledger.
+    let ledger_released = match record_ledger(database, &[entry], ledger_cached, false, context).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(database = %name, %error, "could not write the final ledger entry");
+            false
+        }
+    };
+    for claim in claims {
+        release(&claims_api, claim, &uid, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    if let Some(secret) = &owned.secret {
+        release(&secrets, secret, &uid, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    if let Some(ledger) = owned.ledger.as_ref().filter(|_| !ledger_released) {
+        release(&config_maps, ledger, &uid, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    Ok((
+        "DataRetained",
+        format!(
+            "deletionPolicy Retain: kept PVCs [{}], {kept} and ConfigMap {ledger_name}; delete them by hand when no longer needed",
+            claim_names
+        ),
+    ))
+}
+
+/// deletionPolicy Delete: the last ledger entry, then every owned object deleted (only the very
+/// objects observed: uid preconditions). Returns the event's reason and note.
+async fn delete(
+    database: &DatabaseService,
+    owned: &Owned,
+    context: &PassContext,
+) -> Result<(&'static str, String), ReconcileError> {
+    let name = database.name_any();
+    let generation = database.metadata.generation.unwrap_or(0);
+    let namespace = database.namespace().unwrap_or_default();
+    let client = &context.shared.client;
+    let (claims_api, secrets, config_maps): (Api<PersistentVolumeClaim>, Api<Secret>, Api<ConfigMap>) = (
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+    );
+    let (claim_names, kept) = (owned.claim_names(), owned.kept_secret(&name));
+    let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
+    let entry =
+        LedgerEntry::now(generation, "Deleted", "", "Delete", format!("deleting PVCs [{}] and {kept}", claim_names));
+    if let Err(error) = record_ledger(database, &[entry], ledger_cached, true, context).await {
+        tracing::warn!(database = %name, %error, "could not write the final ledger entry");
+    }
+    for claim in claims {
+        delete_owned(&claims_api, claim, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    if let Some(secret) = &owned.secret {
+        delete_owned(&secrets, secret, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    if let Some(ledger) = &owned.ledger {
+        delete_owned(&config_maps, ledger, context).await.map_err(ReconcileError::Cleanup)?;
+    }
+    Ok((
+        "DataDeleted",
+        format!(
+            "deletionPolicy Delete: deleted PVCs [{}], {kept} and the ledger; objects of the same names that this DatabaseService did not create were left alone",
+            claim_names
+        ),
+    ))
 }

@@ -28,36 +28,11 @@ pub fn summarize(
     status.ready_replicas =
         pods.iter().filter(|pod| pod.ready && pod.ordinal < rollout.replicas && !pod.terminating).count() as i32;
     if rolled_out {
-        if status.current_version.as_deref() != Some(rollout.version.as_str()) {
-            let from = status.current_version.clone().unwrap_or_default();
-            if from.is_empty() {
-                let entry =
-                    LedgerEntry::at(now, generation, "Ready", "", rollout.version.clone(), "all instances ready");
-                journal.record(false, "Ready", format!("PostgreSQL {} is ready", rollout.version), Some(entry));
-            } else if !rollout.rolled_back {
-                let entry = LedgerEntry::at(now, generation, "Upgrade", from, rollout.version.clone(), "succeeded");
-                journal.record(false, "Upgraded", format!("now running {}", rollout.version), Some(entry));
-            }
-        }
-        status.current_version = Some(rollout.version.clone());
-        if !rollout.rolled_back {
-            status.last_stable_version = Some(rollout.version.clone());
-            status.last_stable_image = Some(rollout.image.clone());
-        }
+        record_version(status, rollout, generation, now, journal);
     }
     let desired_replicas = database.spec.replicas_or_default();
     let full = rollout.replicas == desired_replicas;
     if full && rolled_out && conditions::is_true(&status.conditions, types::DEGRADED) {
-        conditions::set(
-            &mut status.conditions,
-            types::DEGRADED,
-            false,
-            "Recovered",
-            format!("all {desired_replicas} instances are running"),
-            Some(generation),
-            now,
-        );
-        status.degraded_at = None;
         let entry = LedgerEntry::at(
             now,
             generation,
@@ -66,10 +41,59 @@ pub fn summarize(
             desired_replicas.to_string(),
             "standbys restored",
         );
+        // The event says "again" (the condition only what is): two calls, not one transition.
+        let message = format!("all {desired_replicas} instances are running");
+        conditions::set(&mut status.conditions, types::DEGRADED, false, "Recovered", message, Some(generation), now);
         journal.record(false, "Recovered", format!("all {desired_replicas} instances are running again"), Some(entry));
+        status.degraded_at = None;
     }
+    let phase = phase_of(status, pods, rollout, rolled_out);
+    status.phase = Some(phase);
+    set_ready_and_progressing(status, rollout, rolled_out, phase, generation, now);
+    if rollout.rolled_back && !had_rolled_back_condition {
+        // Keep the explanation visible even if the condition was set in an earlier pass.
+        conditions::set(
+            &mut status.conditions,
+            types::ROLLED_BACK,
+            true,
+            "ProgressDeadlineExceeded",
+            format!("running {}; spec asks for {}", rollout.version, database.spec.version),
+            Some(generation),
+            now,
+        );
+    }
+}
+
+/// A rolled-out version becomes the current one (and the last stable one unless it is a
+/// rollback); the first one is Ready, a later one an upgrade.
+fn record_version(
+    status: &mut DatabaseServiceStatus,
+    rollout: &Rollout,
+    generation: i64,
+    now: DateTime<Utc>,
+    journal: &mut Journal,
+) {
+    if status.current_version.as_deref() != Some(rollout.version.as_str()) {
+        let from = status.current_version.clone().unwrap_or_default();
+        if from.is_empty() {
+            let entry = LedgerEntry::at(now, generation, "Ready", "", rollout.version.clone(), "all instances ready");
+            journal.record(false, "Ready", format!("PostgreSQL {} is ready", rollout.version), Some(entry));
+        } else if !rollout.rolled_back {
+            let entry = LedgerEntry::at(now, generation, "Upgrade", from, rollout.version.clone(), "succeeded");
+            journal.record(false, "Upgraded", format!("now running {}", rollout.version), Some(entry));
+        }
+    }
+    status.current_version = Some(rollout.version.clone());
+    if !rollout.rolled_back {
+        status.last_stable_version = Some(rollout.version.clone());
+        status.last_stable_image = Some(rollout.image.clone());
+    }
+}
+
+/// The phase, from the most to the least urgent state.
+fn phase_of(status: &DatabaseServiceStatus, pods: &[PodHealth], rollout: &Rollout, rolled_out: bool) -> Phase {
     let crash_looping = pods.iter().any(|pod| pod.crash_looping);
-    let phase = if rollout.rolled_back && !rolled_out {
+    if rollout.rolled_back && !rolled_out {
         Phase::RollingBack
     } else if status.degraded_replicas.is_some() && status.ready_replicas >= 1 {
         Phase::Degraded
@@ -81,14 +105,25 @@ pub fn summarize(
         Phase::Updating
     } else {
         Phase::Running
-    };
-    status.phase = Some(phase);
+    }
+}
+
+/// The Ready and Progressing conditions of the phase.
+fn set_ready_and_progressing(
+    status: &mut DatabaseServiceStatus,
+    rollout: &Rollout,
+    rolled_out: bool,
+    phase: Phase,
+    generation: i64,
+    now: DateTime<Utc>,
+) {
     let ready_message = format!("{} of {} instances ready", status.ready_replicas, rollout.replicas);
+    let ready_reason = if rolled_out { "AllInstancesReady" } else { "InstancesNotReady" };
     conditions::set(
         &mut status.conditions,
         types::READY,
         rolled_out,
-        if rolled_out { "AllInstancesReady" } else { "InstancesNotReady" },
+        ready_reason,
         ready_message,
         Some(generation),
         now,
@@ -113,16 +148,4 @@ pub fn summarize(
         Some(generation),
         now,
     );
-    if rollout.rolled_back && !had_rolled_back_condition {
-        // Keep the explanation visible even if the condition was set in an earlier pass.
-        conditions::set(
-            &mut status.conditions,
-            types::ROLLED_BACK,
-            true,
-            "ProgressDeadlineExceeded",
-            format!("running {}; spec asks for {}", rollout.version, database.spec.version),
-            Some(generation),
-            now,
-        );
-    }
 }

@@ -279,6 +279,13 @@ fn tell(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut Fai
                 );
             }
         }
+        transition => tell_transition(transition, told, journal, outcome),
+    }
+}
+
+/// Tells the steps of a failover or switchover under way, and the primaries found outside one.
+fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut FailoverOutcome) {
+    match action {
         Action::PromotionRequested { kind, target } => {
             let from = told.next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
             let note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
@@ -346,6 +353,16 @@ fn tell(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut Fai
                 None,
             );
         }
+        // Told by [`tell`].
+        Action::Steady
+        | Action::WaitingForStandbys { .. }
+        | Action::WaitingForPromotion { .. }
+        | Action::WaitingForSynchronousQuorum { .. }
+        | Action::PrimaryFailing { .. }
+        | Action::PrimaryRecovered { .. }
+        | Action::FailoverBlocked { .. }
+        | Action::FailoverStarted { .. }
+        | Action::NoCandidate { .. } => {}
     }
 }
 
