@@ -7,7 +7,7 @@
 //!     cargo bench --bench cache-memory
 
 use dbservice_operator::api::database_service::DatabaseService;
-use dbservice_operator::operator::caches::compact::Compact;
+use dbservice_operator::operator::caches::Compact;
 use dbservice_operator::operator::caches::Slim;
 use dbservice_operator::operator::database::build::{desired, NewPasswords, WorkloadInputs};
 use k8s_openapi::api::apps::v1::StatefulSet;

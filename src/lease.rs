@@ -1,4 +1,5 @@
-//! Rules of the per-database primary Lease: who may take it, when a holder must renew, and when a
+//! Rules of the leases: the one expiry rule shared by the operator's leader Lease and each
+//! database's primary Lease ([`expired`]), and for the primary Lease: who may take it, when a holder must renew, and when a
 //! holder that could not renew must fence itself. Pure: the caller stores the record (a Kubernetes
 //! Lease, or memory in tests) with compare-and-swap and measures time on its own clock.
 //!
@@ -133,6 +134,13 @@ impl AcquireVerdict {
     }
 }
 
+/// The one expiry rule of every lease here (the operator's leader Lease, a database's primary
+/// Lease): a held lease may be taken once the one who wants it has seen it unchanged for a full
+/// `duration` on its own clock. Never from the holder's timestamps: clocks of two machines differ.
+pub fn expired(unchanged_for: Duration, duration: Duration) -> bool {
+    unchanged_for >= duration
+}
+
 /// Whether `me` may take the lease, given how long the caller has seen `record` unchanged.
 pub fn acquire_verdict(
     record: &LeaseRecord,
@@ -143,7 +151,9 @@ pub fn acquire_verdict(
     match &record.holder {
         None => AcquireVerdict::Free,
         Some(holder) if holder == me => AcquireVerdict::AlreadyHeld,
-        Some(holder) if unchanged_for >= timings.duration => AcquireVerdict::Expired { previous: holder.clone() },
+        Some(holder) if expired(unchanged_for, timings.duration) => {
+            AcquireVerdict::Expired { previous: holder.clone() }
+        }
         Some(holder) => {
             AcquireVerdict::HeldByOther { holder: holder.clone(), remaining: timings.duration - unchanged_for }
         }

@@ -93,7 +93,7 @@ impl Observed {
                 Instant::now()
             }
         };
-        seen_at.elapsed() >= Duration::from_secs(observation.duration_seconds.max(0) as u64)
+        crate::lease::expired(seen_at.elapsed(), Duration::from_secs(observation.duration_seconds.max(0) as u64))
     }
 }
 

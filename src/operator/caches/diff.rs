@@ -2,7 +2,7 @@
 //! server defaults and other managers' fields never look like drift and a converged cluster costs
 //! no write.
 
-use crate::operator::caches::compact::Compact;
+use crate::operator::caches::Compact;
 use crate::operator::caches::Slim;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::de::DeserializeOwned;

@@ -7,12 +7,13 @@
 //! fingerprint, pods reduced to what health needs, Secrets watched as metadata only (the operator
 //! never keeps a password in memory after creating it), and all but Secrets packed ([`Compact`]).
 
-pub mod compact;
+mod compact;
 pub mod diff;
 mod packed;
 
+pub use compact::Compact;
+
 use crate::api::database_service::DatabaseService;
-use crate::operator::caches::compact::Compact;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec,

@@ -2,7 +2,7 @@
 //! status and the observed children at a fixed time, and what decide must conclude.
 
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase};
-use crate::operator::caches::compact::Compact;
+use crate::operator::caches::Compact;
 use crate::operator::database::build::{self, WorkloadInputs};
 use crate::operator::database::decide::{decide, DecideInput, Decision};
 use crate::operator::database::observe::Observed;

@@ -4,7 +4,7 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
-use crate::operator::caches::compact::Compact;
+use crate::operator::caches::Compact;
 use crate::operator::caches::{cached, Stores};
 use crate::quantity::parse_bytes;
 use k8s_openapi::api::apps::v1::StatefulSet;

@@ -5,7 +5,7 @@
 use crate::api::database_service::{DatabaseService, FINALIZER};
 use crate::api::names::MANAGED_SELECTOR;
 use crate::metrics::ReconcileLabels;
-use crate::operator::caches::compact::Compact;
+use crate::operator::caches::Compact;
 use crate::operator::caches::{scoped, ChildKind, DatabaseSubscription, PartialStores, Slim, Stores, CHILD_KINDS};
 use crate::operator::context::{Context, PassContext};
 use crate::operator::database::cleanup::cleanup;
