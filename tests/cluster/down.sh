@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # Stops the local control plane started by up.sh: exactly the processes named in .cluster/pids/ (and only
 # if their command line still points into this .cluster directory, so a recycled pid is never touched),
 # waits for them to exit, and removes this run's data (.cluster/run, kubeconfig, state.env).
@@ -13,33 +14,15 @@ GRACE="${DBSERVICE_STOP_TIMEOUT:-20}"
 
 log() { printf '[cluster-down] %s\n' "$*" >&2; }
 
-# Same check as up.sh's pid_of: alive and started by us.
-ours() {
-  local pid="$1" cmdline
-  cmdline="$( { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
-  [[ "$cmdline" == *"$CLUSTER_DIR/"* ]]
-}
+PROCESS_MARK="$CLUSTER_DIR"
+# shellcheck source=processes.sh
+. "$here/processes.sh"
 
-# stop NAME: SIGTERM, wait up to GRACE seconds, then SIGKILL. The processes are not children of this shell
-# (up.sh detached them), so "wait" cannot be used; poll /proc instead.
+# stop NAME: SIGTERM, up to GRACE seconds, then SIGKILL (processes.sh).
 stop() {
-  local name="$1" file="$PIDS/$1.pid" pid
-  [ -s "$file" ] || { rm -f "$file"; return 0; }
-  pid="$(cat "$file")"
-  if ours "$pid"; then
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq $((GRACE * 10))); do
-      ours "$pid" || break
-      sleep 0.1
-    done
-    if ours "$pid"; then
-      log "$name (pid $pid) ignored SIGTERM for ${GRACE}s; sending SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do ours "$pid" || break; sleep 0.1; done
-    fi
-  fi
-  rm -f "$file"
+  local pid
+  if pid="$(pid_of "$1")"; then log "stopping $1 (pid $pid)"; fi
+  stop_process "$1" "$GRACE"
 }
 
 # Same lock as up.sh (which sets DBSERVICE_CLUSTER_LOCKED when it calls us while holding it).

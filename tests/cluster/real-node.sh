@@ -33,6 +33,9 @@ TIMEOUT="${DBSERVICE_START_TIMEOUT:-120}"
 RN="$CLUSTER_DIR/real-node"
 LOGS="$RN/logs"
 PIDS="$RN/pids"
+PROCESS_MARK="$RN"
+# shellcheck source=processes.sh
+. "$here/processes.sh"
 PKI="$CLUSTER_DIR/run/pki"
 NODE_PKI="$RN/pki"
 K8S_DIR="$CACHE_ROOT/kubernetes-$KUBERNETES_VERSION"
@@ -62,36 +65,13 @@ ctr_() { ctr --address "$CONTAINERD_SOCKET" -n k8s.io "$@"; }
 # The machine's address on its default route: the kubelet refuses a loopback node IP.
 node_ip() { ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
 
-# pid_of NAME: the pid of our NAME process, if it is alive and its command line points into $RN.
-pid_of() {
-  local file="$PIDS/$1.pid" pid cmdline
-  [ -s "$file" ] || return 1
-  pid="$(cat "$file")"
-  cmdline="$( { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
-  [[ "$cmdline" == *"$RN/"* ]] || return 1
-  echo "$pid"
-}
-
-# start NAME CMD...: detached in its own session, log in $LOGS/NAME.log, pid in $PIDS/NAME.pid.
+# start NAME CMD...: once (a running NAME is left alone); see processes.sh.
 start() {
-  local name="$1"; shift
-  pid_of "$name" >/dev/null && return 0
-  # shellcheck disable=SC2016 # $$ and $@ are for the inner shell
-  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$PIDS/$name.pid" "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
-  local _
-  for _ in $(seq 50); do [ -s "$PIDS/$name.pid" ] && return 0; sleep 0.1; done
-  die "$name did not start"
+  pid_of "$1" >/dev/null && return 0
+  start_detached "$@" || die "$1 did not start"
 }
 
-stop() {
-  local name="$1" pid _
-  if pid="$(pid_of "$name")"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$PIDS/$name.pid"
-}
+stop() { stop_process "$1" 10; }
 
 # wait_until NAME WHAT CHECK...: polls CHECK until it succeeds; fails with NAME's log tail on timeout/exit.
 wait_until() {

@@ -30,6 +30,9 @@ TIMEOUT="${DBSERVICE_START_TIMEOUT:-120}"
 BIN="$CLUSTER_DIR/bin"
 PIDS="$CLUSTER_DIR/pids"
 LOGS="$CLUSTER_DIR/logs"
+PROCESS_MARK="$CLUSTER_DIR"
+# shellcheck source=processes.sh
+. "$here/processes.sh"
 RUN="$CLUSTER_DIR/run"
 PKI="$RUN/pki"
 KUBECONFIG_FILE="$CLUSTER_DIR/kubeconfig"
@@ -75,16 +78,7 @@ kubectl() { "$K8S_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 # ---------------------------------------------------------------------------------------------------------
 # processes
 
-# pid_of NAME: prints the pid from .cluster/pids/NAME.pid if that process is alive AND is one we started
-# (its command line mentions this .cluster directory), so a recycled pid is never mistaken for ours.
-pid_of() {
-  local file="$PIDS/$1.pid" pid cmdline
-  [ -s "$file" ] || return 1
-  pid="$(cat "$file")"
-  cmdline="$( { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null)" || return 1
-  [[ "$cmdline" == *"$CLUSTER_DIR/"* ]] || return 1
-  echo "$pid"
-}
+# pid_of, start_detached: see processes.sh.
 
 # owns_port NAME PORT: our NAME process is the one listening on 127.0.0.1:PORT. A health endpoint alone
 # could be answered by another cluster's process that won a race for the same port.
@@ -94,18 +88,9 @@ owns_port() {
   [[ "$(ss -Hltnp "sport = :$2" 2>/dev/null)" == *"pid=$pid,"* ]]
 }
 
-# start NAME CMD...: runs CMD detached in its own session (so neither Ctrl-C nor the end of the calling
-# make/CI step kills the cluster), logs to .cluster/logs/NAME.log and records the pid. The small bash -c
-# writes its own pid and then execs CMD, so the pid file names the component itself, not a wrapper.
+# start NAME CMD...: detached (see processes.sh); a start that fails tears down what was started.
 start() {
-  local name="$1"; shift
-  rm -f "$PIDS/$name.pid"
-  # shellcheck disable=SC2016 # $$ and $@ are for the inner shell
-  # 9>&-: the daemon must not inherit the lock file descriptor (it would hold the lock forever).
-  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$PIDS/$name.pid" "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
-  local _
-  for _ in $(seq 50); do [ -s "$PIDS/$name.pid" ] && return 0; sleep 0.1; done
-  fail "$name" "did not start"
+  start_detached "$@" || fail "$1" "did not start"
 }
 
 # fail NAME WHY: print which component failed and the tail of its log, tear down what was started, exit 1.
