@@ -1,7 +1,7 @@
 //! What continuous archiving adds to a PostgreSQL pod (pure). The binary is already there: with
 //! the operator's image known, the StatefulSet's pods get it from the `install-dbservice` init
 //! container in the `dbservice-bin` emptyDir at `/dbservice/bin` (for the instance agent, see
-//! `controller::build`). The store settings reach `wal-archive` through the container's
+//! `operator::database::build`). The store settings reach `wal-archive` through the container's
 //! environment; the credentials come from the Secret by reference, never as values.
 
 use crate::api::backup::DEFAULT_ARCHIVE_TIMEOUT_SECONDS;
