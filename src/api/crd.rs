@@ -38,6 +38,7 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
     cap_sizes(&mut root["properties"]["spec"]);
     cap_sizes(&mut root["properties"]["status"]);
     strip_nulls(&mut definition);
+    known_integer_formats(&mut definition);
     serde_json::from_value(definition).expect("the amended CRD deserializes")
 }
 
@@ -87,6 +88,33 @@ pub(crate) fn cap_sizes(schema: &mut Value) {
     }
 }
 
+/// Replaces the unsigned integer formats schemars writes (`uint8` … `uint64`, `uint`), which the
+/// apiserver does not know (every apply of the CRD printed `Warning: unrecognized format`), by
+/// `int32`/`int64`, keeping the bounds as `minimum`/`maximum`.
+pub(crate) fn known_integer_formats(value: &mut Value) {
+    match value {
+        Value::Object(node) => {
+            let replacement = match node.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some(("int32", Some(u64::from(u8::MAX)))),
+                Some("uint16") => Some(("int32", Some(u64::from(u16::MAX)))),
+                Some("uint32") => Some(("int64", Some(u64::from(u32::MAX)))),
+                Some("uint64" | "uint") => Some(("int64", None)),
+                _ => None,
+            };
+            if let Some((format, maximum)) = replacement {
+                node.insert("format".into(), json!(format));
+                node.entry("minimum").or_insert(json!(0));
+                if let Some(maximum) = maximum {
+                    node.entry("maximum").or_insert(json!(maximum));
+                }
+            }
+            node.values_mut().for_each(known_integer_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(known_integer_formats),
+        _ => {}
+    }
+}
+
 pub(crate) fn strip_nulls(value: &mut Value) {
     if let Value::Object(map) = value {
         map.retain(|_, child| !child.is_null());
@@ -109,6 +137,61 @@ pub fn crd_spec_yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `format` in `value`, with its JSON path.
+    fn formats(value: &Value, path: &str, found: &mut Vec<(String, String)>) {
+        match value {
+            Value::Object(node) => {
+                if let Some(format) = node.get("format").and_then(Value::as_str) {
+                    found.push((path.to_string(), format.to_string()));
+                }
+                for (key, child) in node {
+                    formats(child, &format!("{path}.{key}"), found);
+                }
+            }
+            Value::Array(items) => {
+                items.iter().enumerate().for_each(|(index, child)| formats(child, &format!("{path}[{index}]"), found))
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn both_crds_use_only_formats_the_apiserver_knows() {
+        // The formats kube-openapi's validation recognizes for the types used here.
+        let known = ["int32", "int64", "date-time", "byte", "double", "float", "date"];
+        for (kind, definition) in [
+            ("DatabaseService", serde_json::to_value(custom_resource_definition()).unwrap()),
+            (
+                "DatabaseServiceBackup",
+                serde_json::to_value(crate::api::database_service_backup::custom_resource_definition()).unwrap(),
+            ),
+        ] {
+            let mut found = Vec::new();
+            formats(&definition, "", &mut found);
+            let unknown: Vec<_> = found.iter().filter(|(_, format)| !known.contains(&format.as_str())).collect();
+            assert!(unknown.is_empty(), "{kind}: unknown formats {unknown:?}");
+        }
+    }
+
+    #[test]
+    fn unsigned_formats_keep_their_bounds() {
+        let mut schema = json!({"properties": {
+            "small": {"type": "integer", "format": "uint32", "minimum": 0},
+            "large": {"type": "integer", "format": "uint64", "minimum": 0, "maximum": 1000},
+            "plain": {"type": "integer", "format": "int32"}
+        }});
+        known_integer_formats(&mut schema);
+        assert_eq!(
+            schema["properties"]["small"],
+            json!({"type": "integer", "format": "int64", "minimum": 0, "maximum": 4294967295u64})
+        );
+        assert_eq!(
+            schema["properties"]["large"],
+            json!({"type": "integer", "format": "int64", "minimum": 0, "maximum": 1000})
+        );
+        assert_eq!(schema["properties"]["plain"], json!({"type": "integer", "format": "int32"}));
+    }
 
     /// Every string, list and map of spec and status has a size cap (int-or-string quantities
     /// excepted: a structural schema allows no string validation on them).

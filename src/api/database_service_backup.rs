@@ -2,7 +2,7 @@
 //! DatabaseService, taken by a Kubernetes Job. The Rust types are the single source of truth for
 //! its CRD ([`custom_resource_definition`]).
 
-use crate::api::crd::{cap_sizes, strip_nulls};
+use crate::api::crd::{cap_sizes, known_integer_formats, strip_nulls};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
@@ -151,6 +151,7 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
     cap_sizes(&mut root["properties"]["spec"]);
     cap_sizes(&mut root["properties"]["status"]);
     strip_nulls(&mut definition);
+    known_integer_formats(&mut definition);
     serde_json::from_value(definition).expect("the amended CRD deserializes")
 }
 

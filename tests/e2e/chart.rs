@@ -352,3 +352,52 @@ async fn self_managed_and_secret_installs_work_and_the_operator_keeps_its_ca_bun
     assert!(mounted.contains("user-webhook-tls"), "the user's Secret is mounted: {mounted}");
     helm(&["uninstall", release, "--namespace", &ns, "--wait"]);
 }
+
+/// Issue 26: the chart's CRDs are accepted by the real apiserver without a warning (schemars'
+/// unsigned formats used to print `Warning: unrecognized format "uint32"` on every apply).
+#[tokio::test]
+async fn the_chart_crds_apply_without_warnings() {
+    let Some(_) = cluster_or_skip("the_chart_crds_apply_without_warnings") else { return };
+    shared();
+    let chart = repository().join("charts/dbservice-operator");
+    let rendered = helm(&[
+        "template",
+        "dbservice-operator",
+        chart.to_str().unwrap(),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--show-only",
+        "templates/crd.yaml",
+        "--show-only",
+        "templates/backup-crd.yaml",
+    ]);
+    assert_eq!(rendered.matches("kind: CustomResourceDefinition").count(), 2, "both CRDs rendered:\n{rendered}");
+    // A server-side dry run goes through the CRD strategy that warns (create and update alike)
+    // without touching what the suite installed.
+    for dry_run in ["--dry-run=server"] {
+        let mut child = Command::new(tool("kubectl"))
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "e2e-crd-warnings",
+                dry_run,
+                "-f",
+                "-",
+            ])
+            .env("KUBECONFIG", crate::support::admin_kubeconfig().unwrap())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(rendered.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "kubectl apply {dry_run} failed: {stderr}");
+        assert!(!stderr.to_lowercase().contains("warning"), "kubectl apply {dry_run} printed warnings: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).matches("serverside-applied").count(), 2);
+    }
+}
