@@ -374,30 +374,29 @@ async fn the_chart_crds_apply_without_warnings() {
     assert_eq!(rendered.matches("kind: CustomResourceDefinition").count(), 2, "both CRDs rendered:\n{rendered}");
     // A server-side dry run goes through the CRD strategy that warns (create and update alike)
     // without touching what the suite installed.
-    for dry_run in ["--dry-run=server"] {
-        let mut child = Command::new(tool("kubectl"))
-            .args([
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                "e2e-crd-warnings",
-                dry_run,
-                "-f",
-                "-",
-            ])
-            .env("KUBECONFIG", crate::support::admin_kubeconfig().unwrap())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(rendered.as_bytes()).unwrap();
-        let output = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "kubectl apply {dry_run} failed: {stderr}");
-        assert!(!stderr.to_lowercase().contains("warning"), "kubectl apply {dry_run} printed warnings: {stderr}");
-        assert_eq!(String::from_utf8_lossy(&output.stdout).matches("serverside-applied").count(), 2);
-    }
+    let dry_run = "--dry-run=server";
+    let mut child = Command::new(tool("kubectl"))
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "e2e-crd-warnings",
+            dry_run,
+            "-f",
+            "-",
+        ])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().unwrap())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(rendered.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "kubectl apply {dry_run} failed: {stderr}");
+    assert!(!stderr.to_lowercase().contains("warning"), "kubectl apply {dry_run} printed warnings: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).matches("serverside-applied").count(), 2);
 }
