@@ -140,16 +140,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let controller_task = tokio::spawn(run_while_leader(client, context, leader, shutdown.clone()));
     let _ = shutdown.wait_for(|stop| *stop).await;
+    let stopping = tokio::time::Instant::now();
+    let deadline = stopping + SHUTDOWN_DEADLINE;
     readiness.set(false);
-    // The Lease is released first so that a successor takes over at once.
-    let _ = election_task.await;
-    let _ = controller_task.await;
-    for task in servers.into_iter().take(2) {
-        let _ = task.await;
+    // Leadership ends first (the client refuses every write from then on), then the Lease is
+    // released so that a successor takes over at once.
+    if tokio::time::timeout_at(deadline, election_task).await.is_err() {
+        tracing::warn!("the leader election did not stop in time");
     }
-    tracing::info!("stopped");
+    let mut tasks = vec![("controllers", controller_task)];
+    tasks.extend(["admission server", "probe server"].into_iter().zip(servers));
+    for (name, mut task) in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            tracing::warn!(task = name, "still running at the shutdown deadline; stopped it");
+            task.abort();
+        }
+    }
+    tracing::info!(seconds = stopping.elapsed().as_secs_f64(), "stopped");
     Ok(())
 }
+
+/// Longest time from SIGTERM to exit, whatever the number of databases: below the chart's
+/// terminationGracePeriodSeconds (30) minus its preStop pause (5), so that no rollout or drain
+/// ends in SIGKILL. Everything still running then is stopped (no write: leadership ended first).
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
 
 /// The Kubernetes configuration from KUBECONFIG or the in-cluster environment.
 async fn kube_config() -> anyhow::Result<kube::Config> {

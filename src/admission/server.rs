@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// How long in-flight requests get to finish after shutdown starts.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a failed accept; doubles up to [`ACCEPT_BACKOFF_CAP`].
 const ACCEPT_BACKOFF_START: Duration = Duration::from_millis(5);
 /// Longest pause between accepts while they keep failing (e.g. out of file descriptors).

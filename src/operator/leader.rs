@@ -288,6 +288,43 @@ impl LeaderElection {
 mod tests {
     use super::*;
 
+    /// Issue 26: a term that never finishes on its own (a Controller waiting for a cache whose
+    /// first list will never complete) is dropped TERM_DRAIN after the end of the term, so the
+    /// process can exit.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_that_does_not_stop_is_dropped_after_the_drain_time() {
+        let (leader_sender, leader) = watch::channel(true);
+        let (shutdown_sender, shutdown) = watch::channel(false);
+        let started = Instant::now();
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        struct Guard(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let running = tokio::spawn(run_each_term("stuck", leader, shutdown, {
+            let dropped = dropped.clone();
+            move |_end| {
+                let guard = Guard(dropped.clone());
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await
+                }
+            }
+        }));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!running.is_finished(), "the term runs while it leads");
+        shutdown_sender.send(true).unwrap();
+        let stopping = Instant::now();
+        running.await.unwrap();
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst), "the stuck term was dropped");
+        let took = stopping.elapsed();
+        assert!(took >= TERM_DRAIN && took < TERM_DRAIN + Duration::from_millis(100), "stopped after {took:?}");
+        assert!(started.elapsed() >= Duration::from_secs(60));
+        drop(leader_sender);
+    }
+
     fn spec(holder: &str, renewed_seconds: i64) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(holder.into()),
@@ -332,6 +369,9 @@ impl TermEnd {
     }
 }
 
+/// How long a term may take to stop after it ended before it is dropped.
+pub const TERM_DRAIN: Duration = Duration::from_secs(3);
+
 /// Runs `term` once per leadership term: each time `leader` turns true, `term` runs until it
 /// returns (it is handed the [`TermEnd`] to stop on); returns when `shutdown` turns true.
 pub async fn run_each_term<Term, Running>(
@@ -349,8 +389,18 @@ pub async fn run_each_term<Term, Running>(
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
         tracing::info!("starting the {what}");
-        term(TermEnd { leader: leader.clone(), shutdown: shutdown.clone() }).await;
-        tracing::info!("{what} stopped");
+        let end = TermEnd { leader: leader.clone(), shutdown: shutdown.clone() };
+        let running = term(end.clone());
+        tokio::pin!(running);
+        // Passes in flight are cancelled when the term ends, but a term can still wait on things
+        // nobody drives any more (a cache that never finished its first list): past the drain
+        // time it is dropped, which cancels whatever it still runs.
+        tokio::select! {
+            _ = &mut running => tracing::info!("{what} stopped"),
+            _ = async { end.reached().await; tokio::time::sleep(TERM_DRAIN).await } => {
+                tracing::warn!("{what} did not stop within {TERM_DRAIN:?} of the end of the term; dropped");
+            }
+        }
         if *shutdown.borrow() {
             return;
         }

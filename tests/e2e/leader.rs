@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 const LEASE_SECONDS: u64 = 6;
 
 fn start(namespace: &str, name: &str, kubeconfig: &Path) -> OperatorProcess {
+    start_on(namespace, name, kubeconfig, free_port())
+}
+
+fn start_on(namespace: &str, name: &str, kubeconfig: &Path, webhook_port: u16) -> OperatorProcess {
     let options = OperatorOptions {
         identity: format!("{name}-{}", std::process::id()),
         lease_namespace: namespace.into(),
@@ -25,7 +29,7 @@ fn start(namespace: &str, name: &str, kubeconfig: &Path) -> OperatorProcess {
         lease_name: CHART_LEASE.into(),
         extra_arguments: vec![],
     };
-    OperatorProcess::start(&options, kubeconfig, &shared().certificates, free_port())
+    OperatorProcess::start(&options, kubeconfig, &shared().certificates, webhook_port)
 }
 
 /// Waits until exactly one of `candidates` leads; returns its index and how long it took.
@@ -96,4 +100,76 @@ async fn only_the_leader_writes_and_leadership_moves_on_kill_and_on_terminate() 
     assert!(current.log_tail().contains("released the leader Lease"), "log:\n{}", current.log_tail());
     // The new leader handles the deletion (its finalizer), so the namespace can go.
     crate::controller::delete_and_wait_gone(&api, "elected").await;
+}
+
+/// Issue 26: SIGTERM while passes are in flight and admission clients hold connections open (idle
+/// keep-alive ones, as the apiserver keeps, and ones that never send a request): the process
+/// releases its Lease, exits within seconds, and the successor takes over and converges.
+#[tokio::test]
+async fn sigterm_exits_within_seconds_with_passes_in_flight_and_open_connections() {
+    let Some(kubeconfig) = cluster_or_skip("sigterm_exits_within_seconds_with_passes_in_flight_and_open_connections")
+    else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "sigterm").await;
+    let ns = namespace.name.clone();
+    grant_lease_rights(&ns);
+    let token = service_account_kubeconfig(
+        &crate::support::operator::log_directory().join(format!("sigterm-{}", std::process::id())),
+    );
+    let (first_port, second_port) = (free_port(), free_port());
+    let first = start_on(&ns, "alpha", &token, first_port);
+    let second = start_on(&ns, "beta", &token, second_port);
+    let (leader_index, _) = wait_for_single_leader(&[&first, &second], Duration::from_secs(30)).await;
+    let (mut leader, follower, leader_port) =
+        if leader_index == 0 { (first, second, first_port) } else { (second, first, second_port) };
+
+    // Passes in flight: many new databases at once.
+    const DATABASES: usize = 40;
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = (0..DATABASES).map(|index| format!("stop-{index}")).collect();
+    futures::future::join_all(names.iter().map(|name| {
+        let api = api.clone();
+        let mut database = sample_database(name);
+        database.metadata.labels = Some([(ISOLATION_LABEL.to_string(), ns.clone())].into());
+        async move { api.create(&PostParams::default(), &database).await.unwrap() }
+    }))
+    .await;
+    eventually("the leader writes for the new databases", Duration::from_secs(30), || async {
+        (leader.writes() >= 5.0).then_some(())
+    })
+    .await;
+
+    // Open connections: idle keep-alive ones after a served request, and silent ones.
+    let https = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .pool_idle_timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        let response = https.post(format!("https://127.0.0.1:{leader_port}/validate")).body("{}").send().await.unwrap();
+        assert!(response.status().is_client_error(), "a malformed review is refused: {}", response.status());
+    }
+    let silent: Vec<std::net::TcpStream> =
+        (0..4).map(|_| std::net::TcpStream::connect(("127.0.0.1", leader_port)).unwrap()).collect();
+
+    let exited = leader.terminate_timed(Duration::from_secs(30));
+    let took = exited.unwrap_or_else(|log| panic!("{log}"));
+    eprintln!("[figure] operator exit after SIGTERM with {DATABASES} databases being created and 8 open connections: {took:?}");
+    assert!(took <= Duration::from_secs(8), "exit after SIGTERM took {took:?}; log:\n{}", leader.log_tail());
+    let log = std::fs::read_to_string(&leader.log).unwrap();
+    assert!(log.contains("released the leader Lease"), "log:\n{}", leader.log_tail());
+    assert!(log.contains("stopped"), "log:\n{}", leader.log_tail());
+    drop(silent);
+
+    let (_, takeover) = wait_for_single_leader(&[&follower], Duration::from_secs(LEASE_SECONDS * 2)).await;
+    eprintln!("[figure] takeover after that SIGTERM: {takeover:?}");
+    assert!(takeover <= Duration::from_millis(2500), "takeover after SIGTERM took {takeover:?}");
+    futures::future::join_all(
+        names.iter().map(|name| wait_for_phase(&api, name, Phase::Running, Duration::from_secs(180))),
+    )
+    .await;
+    futures::future::join_all(names.iter().map(|name| crate::controller::delete_and_wait_gone(&api, name))).await;
 }

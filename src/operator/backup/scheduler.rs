@@ -78,8 +78,14 @@ pub fn next_scheduled_run(
 /// Creates the due backups of every cached DatabaseService, until `stop` resolves.
 pub async fn run_scheduler(context: std::sync::Arc<BackupContext>, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
-    if context.databases.wait_until_ready().await.is_err() || context.backups.wait_until_ready().await.is_err() {
-        return;
+    // The caches' first lists race the end of the term: a term that ends before they are
+    // filled must not wait for them (they stop being driven when the controllers stop).
+    let ready = async {
+        context.databases.wait_until_ready().await.is_ok() && context.backups.wait_until_ready().await.is_ok()
+    };
+    tokio::select! {
+        _ = &mut stop => return,
+        ready = ready => if !ready { return },
     }
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -198,6 +198,21 @@ impl OperatorProcess {
         self.metrics().map(|metrics| metric_sum(&metrics, "dbservice_controller_writes_total", &[])).unwrap_or(0.0)
     }
 
+    /// Sends SIGTERM and measures how long the process takes to exit; after `limit` it is killed
+    /// and the error carries the log's tail.
+    pub fn terminate_timed(&mut self, limit: Duration) -> Result<Duration, String> {
+        let sent = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        while self.child.try_wait().ok().flatten().is_none() {
+            if sent.elapsed() > limit {
+                let _ = self.child.kill();
+                return Err(format!("still running {limit:?} after SIGTERM; log:\n{}", self.log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(sent.elapsed())
+    }
+
     /// Sends a signal by name and waits for the process to exit.
     pub fn signal(&mut self, signal: &str) {
         let _ = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status();
