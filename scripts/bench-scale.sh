@@ -90,7 +90,8 @@ umask 022
 step "starting the operator (log: $work/operator.log)"
 extra=()
 [ -n "${CONCURRENCY:-}" ] && extra+=(--concurrency "$CONCURRENCY")
-KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn "$binary" run \
+# Info from run and leader only: the shutdown lines ("released the leader Lease", "stopped").
+KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn,dbservice_operator::run=info,dbservice_operator::operator::leader=info "$binary" run \
   --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
   --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
   --namespace "$release_namespace" --identity bench --lease-name dbservice-operator-leader \
@@ -204,6 +205,20 @@ by_resource() {
     | sort | awk '{printf "    %-8s %-28s %d\n", $1, $2, $3}'
 }
 
+step "SIGTERM with $N databases: time to exit"
+term_sent="$(now)"
+kill -TERM "$operator_pid"
+# The operator is this script's child: wait reaps it (a zombie would still answer kill -0).
+( sleep 60; kill -KILL "$operator_pid" 2>/dev/null ) &
+watchdog=$!
+wait "$operator_pid" 2>/dev/null || true
+exited_at="$(now)"
+kill "$watchdog" 2>/dev/null || true
+operator_pid=""
+exit_after="$(elapsed "$term_sent" "$exited_at") s"
+grep -q 'stopped' "$work/operator.log" || exit_after="$exit_after (killed after 60 s: \"stopped\" never logged)"
+grep -q 'released the leader Lease' "$work/operator.log" || exit_after="$exit_after; the Lease was not released"
+
 cat <<REPORT | tee "$work/report.txt"
 
 bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build for $rust_target
@@ -216,6 +231,7 @@ bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-
   apiserver CPU:           $(elapsed "$apiserver_cpu_before" "$apiserver_cpu_after") s
   API requests (converge): $(requests_by_verb)
   writes in quiet period:  $((writes_after - writes_before)) in $quiet_seconds s
+  exit after SIGTERM:      $exit_after
   CPU-seconds while converging (2 cores = $(awk -v from="$start" -v to="$converged_at" 'BEGIN {printf "%.0f", 2 * (to - from)}') CPU-s available):
 $(join "$work/cpu-before.txt" "$work/cpu-after.txt" | awk '{printf "    %-24s %.1f\n", $1, $3 - $2}')
     dbservice-operator       $(elapsed "$operator_cpu_before" "$operator_cpu_after")
