@@ -1,5 +1,5 @@
 //! Certificates for the admission server, made with rcgen: a CA and a serving certificate
-//! signed by it. [`managed`] keeps them in a Secret and the caBundle in sync in-cluster.
+//! signed by it. `admission::certificates` keeps them in a Secret and the caBundle in sync in-cluster.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

@@ -121,7 +121,7 @@ pub struct Transition {
     pub started_at: DateTime<Utc>,
 }
 
-/// Failover state persisted in the DatabaseService status: everything [`decide`] needs to resume.
+/// Failover state persisted in the DatabaseService status: everything the failover decision (`operator::database::failover::decide`) needs to resume.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
@@ -179,7 +179,7 @@ pub struct FailoverSettings {
     /// A switchover that has not completed in this long is abandoned (or becomes a failover).
     pub switchover_timeout: Duration,
     /// Standbys that confirm each commit (0: asynchronous). A failover then waits for the final
-    /// positions of a quorum of them ([`quorum`]) and promotes only the most advanced of those.
+    /// positions of a quorum of them ([`crate::api::synchronous::quorum`]) and promotes only the most advanced of those.
     pub synchronous_standbys: u32,
 }
 

@@ -1,6 +1,7 @@
-//! Backups to S3-compatible object storage (issue 12): continuous WAL archiving, base backups
-//! ([`base`]), point-in-time restore ([`restore`]), backup choice ([`selection`]) and retention
-//! ([`retention`]).
+//! The object-store engine (issue 12), run in database pods, in backup Jobs and by the operator's
+//! commands: continuous WAL archiving ([`wal`]), base backups ([`base`]), point-in-time restore
+//! ([`restore`]), the catalogue ([`catalog`]), backup choice ([`selection`]), retention
+//! ([`retention`]) and the maintenance commands ([`commands`]).
 //!
 //! `dbservice-operator wal-archive %p %f` is PostgreSQL's `archive_command` and
 //! `dbservice-operator wal-restore %f %p` its `restore_command`. Both are configured by

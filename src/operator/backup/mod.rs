@@ -1,9 +1,11 @@
-//! Base backups as objects (issue 12): a `DatabaseServiceBackup` ([`api`]) is carried out by a
+//! Base backups as objects (issue 12): a `DatabaseServiceBackup`
+//! ([`crate::api::database_service_backup`]) is carried out by a
 //! Kubernetes Job ([`job`]) whose termination message fills its status ([`status`]); one Job
 //! per database at a time, history limits ([`history`]), events and ledger entries
 //! ([`reconcile`]); `spec.backup.schedule` creates backup objects at the cron times
 //! ([`scheduler`], due logic in [`scheduling`]). Started with the DatabaseService controller,
-//! only while this process leads ([`term`], run by the DatabaseService controller's term).
+//! only while this process leads ([`term`], run beside the DatabaseService controller by
+//! [`crate::operator::wiring`]).
 
 pub mod context;
 pub mod history;

@@ -1,10 +1,12 @@
-//! The controller half of the binary: turns each DatabaseService into a running PostgreSQL and
+//! The DatabaseService controller: turns each DatabaseService into a running PostgreSQL and
 //! keeps it that way. Only the leader runs it (see [`crate::operator::leader`]).
 //!
 //! A pass is a pipeline of typed stages: [`observe`] (reflector caches, no GET or LIST) →
-//! [`decide`] (pure) → [`build`] (pure) → [`apply`] (server-side apply, only what differs) →
-//! [`publish`] (ledger, status, events: the only writer of status). Modules import downwards
-//! only: names, journal, conditions and health are leaves; wiring is the root.
+//! [`decide`] (pure: [`healing`], [`failover`], [`archiving`], [`recovery`], [`summary`]) →
+//! [`build`] (pure) → [`apply`] (server-side apply, only what differs; returns an
+//! [`Applied`](decide::Applied) report that decide turns into events and ledger entries) →
+//! [`crate::operator::publish`] (ledger, status, events: the only writer of status, for
+//! [`cleanup`] too). [`wiring`] builds the Controller and its watches.
 
 pub mod access;
 pub mod apply;
