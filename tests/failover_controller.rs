@@ -7,7 +7,9 @@ use dbservice_operator::api::database_service::{DatabaseService, DatabaseService
 use dbservice_operator::api::failover::{FailoverStatus, InstanceReport, Role, INSTANCE_REPORT_ANNOTATION, PENDING};
 use dbservice_operator::lease::LeaseRecord;
 use dbservice_operator::lsn::Lsn;
-use dbservice_operator::operator::database::failover::pass::{decide_failover, FailoverInput, FailoverOutcome};
+use dbservice_operator::operator::database::failover::pass::{
+    decide_failover, needs_lease, FailoverInput, FailoverOutcome,
+};
 use dbservice_operator::operator::database::pod_health::pod_health;
 use dbservice_operator::operator::journal::Journal;
 use k8s_openapi::api::core::v1::Pod;
@@ -101,6 +103,29 @@ fn a_new_database_bootstraps_on_its_first_instance_and_a_starting_primary_is_not
     let (_, status, _) = run(settled("db-0", None), vec![healthy], None);
     assert_eq!(status.failover.timeline, Some(1));
     assert_eq!(status.instances[0].role, "primary");
+}
+
+/// Issue 21, hole 6: a DatabaseService re-created (or restored) without its status, while db-1
+/// holds the primary Lease after an earlier failover: db-1 stays the primary, ordinal 0 is not
+/// made primary again.
+#[test]
+fn a_lost_status_takes_the_primary_from_the_lease_not_from_ordinal_zero() {
+    let primary = pod("db-1", true, Some(report(Role::Primary, true, false, 2)));
+    let standby = pod("db-0", true, Some(report(Role::Standby, true, true, 2)));
+    let lease = LeaseRecord { holder: Some("db-1".into()), timeline: Some(2), ..Default::default() };
+    let (outcome, status, _) = run(FailoverStatus::default(), vec![standby.clone(), primary.clone()], Some(lease));
+    assert_eq!(outcome.primary.as_deref(), Some("db-1"));
+    assert_eq!(status.failover.current_primary.as_deref(), Some("db-1"));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"));
+    assert_eq!(outcome.release_lease_of, None);
+
+    // The Lease is read for it: a status without a primary while pods run needs the Lease...
+    let database = database(FailoverStatus::default());
+    let pods = vec![standby, primary];
+    let health: Vec<_> = pods.iter().map(|pod| pod_health(pod)).collect();
+    assert!(needs_lease(&database, &pods, &health));
+    // ...and a new database, whose first pass sees no pods, does not read it.
+    assert!(!needs_lease(&database, &[], &[]));
 }
 
 #[test]

@@ -88,6 +88,11 @@ fn healthy_primary_timeline(instances: &[InstanceObservation], primary: Option<&
 /// wrong, never in a steady pass.
 pub fn needs_lease(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodHealth]) -> bool {
     let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
+    if status.current_primary.is_none() {
+        // No primary recorded but pods running: the status was lost, and the Lease says who the
+        // primary is (a new database has no pods yet at its first pass, so this costs it nothing).
+        return !pods.is_empty();
+    }
     if !engaged(&status) {
         return false;
     }
@@ -164,10 +169,14 @@ pub fn decide_failover(
     let generation = database.metadata.generation.unwrap_or(0);
     let mut current = status.failover.clone();
     if current.current_primary.is_none() {
-        // Bootstrap: the first instance initializes the database (its agent runs initdb).
-        let first = format!("{}-0", database.name_any());
-        current.current_primary = Some(first.clone());
-        current.target_primary = Some(first);
+        // The primary is whoever holds the primary Lease; the status only caches it. A status lost
+        // (the object re-created or restored without it) must not make ordinal 0 the primary while
+        // another instance holds the Lease. With no holder, this is the bootstrap: the first
+        // instance initializes the database (its agent runs initdb).
+        let primary =
+            lease.and_then(|lease| lease.holder.clone()).unwrap_or_else(|| format!("{}-0", database.name_any()));
+        current.current_primary = Some(primary.clone());
+        current.target_primary = Some(primary);
     }
     let instances = observations(database, pods, health);
     let request = switchover_request(database);
