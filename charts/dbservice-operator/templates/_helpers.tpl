@@ -205,7 +205,8 @@ Rules of the controller (DatabaseServices, their children, events): in the Clust
 Role of operator.watchNamespace. The child rules match CHILD_KINDS in src/operator/caches/mod.rs
 (tests/rbac.rs checks it). Children are read from watches (list, watch); this version needs get
 only where it must read past its cache (a credentials-Secret create conflict, a ledger append). get
-on services, statefulsets, pods and PVCs is kept for one release: during a rolling upgrade the old
+on pods is needed: a primary missing from the cache is read live before its Lease is released. get
+on services, statefulsets and PVCs is kept for one release: during a rolling upgrade the old
 operator pods, which read children with GET, still run under the new rules.
 */}}
 {{- define "dbservice-operator.controllerRules" -}}

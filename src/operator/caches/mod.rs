@@ -99,7 +99,8 @@ impl ChildKind {
             ChildKind::StatefulSet | ChildKind::Service => &["list", "watch", "create", "patch"],
             ChildKind::ConfigMap => &["get", "list", "watch", "create", "patch", "update", "delete"],
             ChildKind::Secret => &["get", "list", "watch", "create", "patch", "delete"],
-            ChildKind::Pod => &["list", "watch", "patch", "delete"],
+            // get: a primary missing from the cache is read live before its Lease is released.
+            ChildKind::Pod => &["get", "list", "watch", "patch", "delete"],
             ChildKind::PersistentVolumeClaim => &["list", "watch", "patch", "delete"],
         }
     }

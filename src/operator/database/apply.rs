@@ -185,13 +185,26 @@ async fn apply_access(namespace: &str, access: &InstanceAccess, context: &PassCo
 
 /// Releases the primary Lease held by `instance`, whose pod is gone (the kubelet confirmed that its
 /// processes ended), so that a standby may be promoted without waiting for the Lease to expire.
-/// Compare-and-swap on the resourceVersion: a Lease that changed since it was read is left alone.
+/// Gone is proven by a live read, never taken from the cache alone: a pod the cache does not show
+/// (its managed-by label removed by hand, or an ordinal beyond spec.replicas) may still commit,
+/// and its Lease then expires only by the followers' own clocks. Compare-and-swap on the
+/// resourceVersion: a Lease that changed since it was read is left alone.
 async fn release_primary_lease(
     database: &DatabaseService,
     instance: &str,
     context: &PassContext,
 ) -> Result<(), kube::Error> {
-    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let namespace = database.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(context.shared.client.clone(), &namespace);
+    if let Some(pod) = pods.get_metadata_opt(instance).await? {
+        tracing::warn!(
+            %instance,
+            uid = pod.metadata.uid.as_deref().unwrap_or_default(),
+            "the primary's pod still exists although the cache does not show it; its Lease is not released (it expires by the followers' clocks)"
+        );
+        return Ok(());
+    }
+    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &namespace);
     let name = primary_lease_name(&database.name_any());
     let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
     let record = lease_record(&lease);
