@@ -126,11 +126,18 @@ pub async fn serve_tls(
         let watcher = graceful.watcher();
         let builder = builder.clone();
         let handshake_timeout = limits.handshake_timeout;
+        let mut stopping = shutdown.clone();
         tokio::spawn(until_evicted(slot, peer, async move {
-            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+            // A connection still in its handshake at shutdown has no request to finish: it is
+            // dropped, so that the drain (which waits for every watcher) does not wait for it.
+            let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream));
+            let stream = tokio::select! {
+                handshake = handshake => match handshake {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                },
+                _ = stopping.wait_for(|stop| *stop) => return tracing::debug!(%peer, "shutting down: handshake dropped"),
             };
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection).await {
