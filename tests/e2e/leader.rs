@@ -119,9 +119,11 @@ async fn sigterm_exits_within_seconds_with_passes_in_flight_and_open_connections
     let token = service_account_kubeconfig(
         &crate::support::operator::log_directory().join(format!("sigterm-{}", std::process::id())),
     );
+    // Names of their own: the log file is named after the identity, and the test above runs
+    // alpha and beta in the same test process at the same time.
     let (first_port, second_port) = (free_port(), free_port());
-    let first = start_on(&ns, "alpha", &token, first_port);
-    let second = start_on(&ns, "beta", &token, second_port);
+    let first = start_on(&ns, "delta", &token, first_port);
+    let second = start_on(&ns, "epsilon", &token, second_port);
     let (leader_index, _) = wait_for_single_leader(&[&first, &second], Duration::from_secs(30)).await;
     let (mut leader, follower, leader_port) =
         if leader_index == 0 { (first, second, first_port) } else { (second, first, second_port) };
