@@ -155,6 +155,20 @@ impl Owned {
     }
 }
 
+/// The Apis of what a deletion policy acts on, in the database's namespace.
+fn owned_apis(
+    database: &DatabaseService,
+    context: &PassContext,
+) -> (Api<PersistentVolumeClaim>, Api<Secret>, Api<ConfigMap>) {
+    let namespace = database.namespace().unwrap_or_default();
+    let client = &context.shared.client;
+    (
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+        Api::namespaced(client.clone(), &namespace),
+    )
+}
+
 /// deletionPolicy Retain: the last ledger entry, then every owned object released (kept by the
 /// garbage collector). Returns the event's reason and note.
 async fn retain(
@@ -165,13 +179,7 @@ async fn retain(
     let name = database.name_any();
     let uid = database.uid().unwrap_or_default();
     let generation = database.metadata.generation.unwrap_or(0);
-    let namespace = database.namespace().unwrap_or_default();
-    let client = &context.shared.client;
-    let (claims_api, secrets, config_maps): (Api<PersistentVolumeClaim>, Api<Secret>, Api<ConfigMap>) = (
-        Api::namespaced(client.clone(), &namespace),
-        Api::namespaced(client.clone(), &namespace),
-        Api::namespaced(client.clone(), &namespace),
-    );
+    let (claims_api, secrets, config_maps) = owned_apis(database, context);
     let (claim_names, kept, ledger_name) = (owned.claim_names(), owned.kept_secret(&name), ChildNames::ledger(&name));
     let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
     // The last ledger entry goes in first, written without an owner so it survives; a
@@ -218,13 +226,7 @@ async fn delete(
 ) -> Result<(&'static str, String), ReconcileError> {
     let name = database.name_any();
     let generation = database.metadata.generation.unwrap_or(0);
-    let namespace = database.namespace().unwrap_or_default();
-    let client = &context.shared.client;
-    let (claims_api, secrets, config_maps): (Api<PersistentVolumeClaim>, Api<Secret>, Api<ConfigMap>) = (
-        Api::namespaced(client.clone(), &namespace),
-        Api::namespaced(client.clone(), &namespace),
-        Api::namespaced(client.clone(), &namespace),
-    );
+    let (claims_api, secrets, config_maps) = owned_apis(database, context);
     let (claim_names, kept) = (owned.claim_names(), owned.kept_secret(&name));
     let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
     let entry =
