@@ -156,12 +156,13 @@ pub fn recovering(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::backup::{CredentialsSecret, RecoverySpec, SecretKey};
     use crate::api::database_service::DatabaseService;
 
-    fn recovering(target: Option<RecoveryTargetSpec>) -> DatabaseService {
+    /// A DatabaseService `restored` that recovers from store `prod` of server `orders` to `target`.
+    pub(crate) fn recovering(target: Option<RecoveryTargetSpec>) -> DatabaseService {
         let mut database = DatabaseService::new("restored", Default::default());
         database.spec.bootstrap = Some(BootstrapSpec {
             recovery: Some(RecoverySpec {

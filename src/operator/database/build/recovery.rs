@@ -70,36 +70,10 @@ pub fn add_recovery(pod: &mut PodSpec, database: &DatabaseService) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::backup::{
-        BootstrapSpec, CredentialsSecret, ObjectStore, RecoverySpec, RecoveryTargetSpec, SecretKey,
-    };
+    use crate::api::backup::RecoveryTargetSpec;
+    use crate::api::recovery::tests::recovering;
     use crate::instance::recovery::restore_args_in_pod;
     use std::path::{Path, PathBuf};
-
-    fn recovering(target: Option<RecoveryTargetSpec>) -> DatabaseService {
-        let mut database = DatabaseService::new("restored", Default::default());
-        database.spec.bootstrap = Some(BootstrapSpec {
-            recovery: Some(RecoverySpec {
-                source: ObjectStore {
-                    endpoint: "http://10.85.0.1:9000".into(),
-                    bucket: "backups".into(),
-                    path: Some("prod".into()),
-                    server_name: Some("orders".into()),
-                    credentials_secret: CredentialsSecret {
-                        name: "source-s3".into(),
-                        access_key_id_key: Some("id".into()),
-                        ..Default::default()
-                    },
-                    ca_secret: Some(SecretKey { name: "source-ca".into(), key: "root.pem".into() }),
-                    ..Default::default()
-                },
-                backup_id: None,
-                target,
-                allow_non_empty_archive: None,
-            }),
-        });
-        database
-    }
 
     #[test]
     fn the_pod_gets_the_plan_and_the_source_credentials_as_files() {
