@@ -14,8 +14,14 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "dbservice-operator";
 /// Label selector of every child of every DatabaseService: the scope of every watch.
 pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=dbservice-operator";
-/// Label the operator puts on pods: primary or standby.
+/// Label the operator puts on pods: [`PRIMARY_ROLE`], [`STANDBY_ROLE`] or [`NO_ROLE`].
 pub const ROLE_LABEL: &str = "dbservice.dev/role";
+/// [`ROLE_LABEL`] of the current primary (selected by Service `<name>`).
+pub const PRIMARY_ROLE: &str = "primary";
+/// [`ROLE_LABEL`] of a standby (selected by the read-only Service).
+pub const STANDBY_ROLE: &str = "standby";
+/// [`ROLE_LABEL`] of a pod in neither Service: a former primary not yet stopped or rejoined.
+pub const NO_ROLE: &str = "none";
 /// Name of the data volume claim template (PVCs are named data-NAME-N).
 pub const DATA_VOLUME: &str = "data";
 
@@ -89,15 +95,6 @@ pub fn owner_reference(database: &DatabaseService) -> OwnerReference {
 /// Whether `object` names the DatabaseService with `uid` among its owners.
 pub fn is_owned_by<K: ResourceExt>(object: &K, uid: &str) -> bool {
     !uid.is_empty() && object.owner_references().iter().any(|reference| reference.uid == uid)
-}
-
-/// Role of a pod from its StatefulSet ordinal: instance 0 is the primary.
-pub fn role_of_pod(pod_name: &str) -> &'static str {
-    if pod_name.rsplit('-').next() == Some("0") {
-        "primary"
-    } else {
-        "standby"
-    }
 }
 
 /// The resource kind and name of an object, for events and the ledger.

@@ -4,7 +4,7 @@
 
 use crate::admission::validation::{validate, ValidationSettings};
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase, StorageStatus};
-use crate::api::names::{is_owned_by, owner_reference, ChildNames, ROLE_LABEL};
+use crate::api::names::{is_owned_by, owner_reference, ChildNames, NO_ROLE, PRIMARY_ROLE, ROLE_LABEL, STANDBY_ROLE};
 use crate::operator::caches::diff;
 use crate::operator::conditions::{self, types};
 use crate::operator::database::archiving::{decide_archiving, ArchivingHealth};
@@ -522,6 +522,20 @@ fn decide_claims(
     changes
 }
 
+/// The role label of one pod: `primary` for the current primary; `none` for a pod whose server
+/// still reports itself primary (a former primary during a change, not yet stopped or rejoined):
+/// the read-only Service must never send clients to a server that still accepts writes; `standby`
+/// otherwise.
+fn pod_role(pod: &k8s_openapi::api::core::v1::Pod, name: &str, primary: Option<&str>) -> &'static str {
+    if Some(name) == primary {
+        PRIMARY_ROLE
+    } else if report_of(pod).is_some_and(|report| report.role == crate::api::failover::Role::Primary) {
+        NO_ROLE
+    } else {
+        STANDBY_ROLE
+    }
+}
+
 /// Role labels (standbys first, so that two pods are never labelled primary at once), and pods
 /// stuck not ready on an old image once the template is current (a StatefulSet never replaces a
 /// broken pod by itself, which would block every rollback).
@@ -539,7 +553,7 @@ fn decide_pods(
         if health.terminating {
             continue;
         }
-        let role = if Some(health.name.as_str()) == primary { "primary" } else { "standby" };
+        let role = pod_role(pod, &health.name, primary);
         if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
             labels.push(PodLabel { pod: health.name.clone(), role });
         }
@@ -560,7 +574,7 @@ fn decide_pods(
             );
         }
     }
-    labels.sort_by_key(|label| label.role == "primary");
+    labels.sort_by_key(|label| label.role == PRIMARY_ROLE);
     (labels, deletions)
 }
 

@@ -470,3 +470,19 @@ fn pods_of_an_old_revision_are_replaced_one_at_a_time_highest_ordinal_first() {
     let observed = steady(&database, vec![outdated(0)]);
     assert!(run(&database, &observed).workload.unwrap().pod_deletions.is_empty());
 }
+
+#[test]
+fn a_former_primary_that_still_reports_primary_joins_neither_service() {
+    let database = database(2, Some(running_status("16.4")));
+    let mut former = (*primary_reporting_archiving(None)).clone();
+    former.metadata.name = Some("db-1".into());
+    former.metadata.uid = Some("pod-1".into());
+    let observed = steady(&database, vec![pod(0, "postgres:16.4", PodState::Ready), Arc::new(former)]);
+    let decision = run(&database, &observed);
+    let labels = &decision.workload.as_ref().unwrap().pod_labels;
+    assert!(
+        labels.iter().any(|label| label.pod == "db-1" && label.role == crate::api::names::NO_ROLE),
+        "a server that still accepts writes must leave the read-only Service: {labels:?}"
+    );
+    assert!(labels.iter().all(|label| label.pod != "db-0"), "db-0 stays primary: {labels:?}");
+}

@@ -2,7 +2,7 @@
 //! (pod DNS).
 
 use crate::api::database_service::DatabaseService;
-use crate::api::names::{selector_labels, ChildNames, ROLE_LABEL};
+use crate::api::names::{selector_labels, ChildNames, PRIMARY_ROLE, ROLE_LABEL, STANDBY_ROLE};
 use crate::api::pod::POSTGRES_PORT;
 use crate::operator::database::build::metadata;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
@@ -36,9 +36,9 @@ pub fn services(database: &DatabaseService) -> Vec<Service> {
     let name = database.name_any();
     // The operator labels exactly one pod primary (none during a failover): never two behind NAME.
     let mut primary = selector_labels(&name);
-    primary.insert(ROLE_LABEL.into(), "primary".into());
+    primary.insert(ROLE_LABEL.into(), PRIMARY_ROLE.into());
     let mut standbys = selector_labels(&name);
-    standbys.insert(ROLE_LABEL.into(), "standby".into());
+    standbys.insert(ROLE_LABEL.into(), STANDBY_ROLE.into());
     vec![
         service(database, name.clone(), primary, false),
         service(database, ChildNames::replicas_service(&name), standbys, false),
