@@ -142,6 +142,7 @@ pub fn validate(
     }
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
+        validate_scale_down(old, spec, &mut outcome.errors);
     }
     outcome.warnings = warnings(spec, settings);
     outcome
@@ -333,6 +334,33 @@ fn shown(value: &str) -> String {
     match value.char_indices().nth(SHOWN) {
         Some((cut, _)) => format!("{}... ({} bytes)", &value[..cut], value.len()),
         None => value.to_string(),
+    }
+}
+
+/// A StatefulSet scales down from its highest ordinal: fewer replicas than the primary's ordinal
+/// + 1 would delete the primary's pod while it commits (and with it the Lease holder). The status
+/// names the primary (and the instance being promoted); a switchover moves it first.
+fn validate_scale_down(old: &DatabaseService, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
+    let Some(failover) = old.status.as_ref().map(|status| &status.failover) else { return };
+    let replicas = new.replicas_or_default();
+    if replicas >= old.spec.replicas_or_default() {
+        return;
+    }
+    let primaries = [failover.current_primary.as_deref(), failover.target_primary.as_deref()];
+    for primary in primaries.into_iter().flatten() {
+        let Some(ordinal) = crate::api::names::instance_ordinal(primary) else { continue };
+        if replicas <= ordinal {
+            let name = old.metadata.name.as_deref().unwrap_or("<name>");
+            errors.push(FieldError {
+                path: "spec.replicas".into(),
+                kind: FieldErrorKind::Forbidden,
+                detail: format!(
+                    "{replicas} replicas would remove {primary}, the primary: switch over first (annotate the DatabaseService with {}={name}-0) and scale down once it is done",
+                    crate::api::failover::SWITCHOVER_ANNOTATION
+                ),
+            });
+            return;
+        }
     }
 }
 

@@ -97,6 +97,11 @@ pub fn is_owned_by<K: ResourceExt>(object: &K, uid: &str) -> bool {
     !uid.is_empty() && object.owner_references().iter().any(|reference| reference.uid == uid)
 }
 
+/// The StatefulSet ordinal of instance (pod) `name`: `db-2` is 2.
+pub fn instance_ordinal(name: &str) -> Option<i32> {
+    name.rsplit_once('-')?.1.parse().ok().filter(|ordinal: &i32| *ordinal >= 0)
+}
+
 /// The resource kind and name of an object, for events and the ledger.
 pub fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
     format!("{}/{}", K::kind(&()), object.meta().name.clone().unwrap_or_default())

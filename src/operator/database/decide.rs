@@ -125,7 +125,8 @@ pub fn decide(input: &DecideInput) -> Decision {
     // The one StatefulSet this pass needs, expanded from its compact cached form.
     let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let live_stateful_set = expanded.as_ref();
-    let rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
+    let mut rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
+    rollout.replicas = rollout.replicas.max(replicas_keeping_the_primary(&status.failover));
     let inputs = WorkloadInputs {
         image: rollout.image.clone(),
         replicas: rollout.replicas,
@@ -520,6 +521,20 @@ fn decide_claims(
         conditions::set(&mut status.conditions, storage, false, "Pending", message, Some(generation), now);
     }
     changes
+}
+
+/// The fewest StatefulSet replicas that keep the primary (and an instance being promoted): a
+/// StatefulSet removes its highest ordinals first, and removing the primary's pod would take the
+/// database down mid-commit. Admission refuses such a scale-down; this holds when the status it
+/// judged by was stale.
+fn replicas_keeping_the_primary(failover: &crate::api::failover::FailoverStatus) -> i32 {
+    [failover.current_primary.as_deref(), failover.target_primary.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter_map(crate::api::names::instance_ordinal)
+        .map(|ordinal| ordinal + 1)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The role label of one pod: `primary` for the current primary; `none` for a pod whose server

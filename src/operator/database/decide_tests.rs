@@ -486,3 +486,15 @@ fn a_former_primary_that_still_reports_primary_joins_neither_service() {
     );
     assert!(labels.iter().all(|label| label.pod != "db-0"), "db-0 stays primary: {labels:?}");
 }
+
+#[test]
+fn the_stateful_set_never_scales_away_the_primary_even_when_the_spec_asks() {
+    let mut status = running_status("16.4");
+    status.failover.current_primary = Some("db-2".into());
+    status.failover.target_primary = Some("db-2".into());
+    let database = database(1, Some(status));
+    let observed = steady(&database, vec![pod(0, "postgres:16.4", PodState::Ready)]);
+    let decision = run(&database, &observed);
+    let replicas = decision.workload.as_ref().unwrap().inputs.replicas;
+    assert_eq!(replicas, 3, "db-2 is the primary: ordinals 0..=2 stay");
+}

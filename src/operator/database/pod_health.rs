@@ -27,10 +27,6 @@ pub struct PodHealth {
     pub terminating: bool,
 }
 
-fn ordinal(name: &str) -> i32 {
-    name.rsplit('-').next().and_then(|suffix| suffix.parse().ok()).unwrap_or(-1)
-}
-
 /// Reads the health of one pod from its status.
 pub fn pod_health(pod: &Pod) -> PodHealth {
     let name = pod.name_any();
@@ -65,7 +61,7 @@ pub fn pod_health(pod: &Pod) -> PodHealth {
         .and_then(|container| container.image.clone())
         .unwrap_or_default();
     PodHealth {
-        ordinal: ordinal(&name),
+        ordinal: crate::api::names::instance_ordinal(&name).unwrap_or(-1),
         name,
         ready,
         crash_looping,
