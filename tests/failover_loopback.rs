@@ -179,6 +179,40 @@ async fn failover_when_the_primary_hangs_fences_it_and_it_rejoins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_shorter_than_the_unresponsive_window_starts_no_failover() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_millis(500), 5).await;
+    let port = cluster.port("db-0");
+    // The fault: the whole server stalls for 1.5 s (several failed health queries; the loopback
+    // agents' window is 2 s, as production's 5 s is to a 2-second I/O stall).
+    let stalled = Instant::now();
+    signal_postgres(&cluster.pgdata("db-0"), libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    signal_postgres(&cluster.pgdata("db-0"), libc::SIGCONT);
+    first_commit_after(&cluster, stalled + Duration::from_millis(1500), port, "a commit after the stall").await;
+    // Long enough for a failover the stall would have started to show: lease expiry and a promotion.
+    let resumed = Instant::now();
+    writes_for(&cluster, cluster.timings.duration, 20).await;
+    assert!(resumed.elapsed() >= cluster.timings.duration);
+    let failovers: Vec<_> = {
+        let world = cluster.world.lock().unwrap();
+        world
+            .actions
+            .iter()
+            .filter(|(_, action)| matches!(action, Action::FailoverStarted { .. } | Action::PrimaryFailing { .. }))
+            .map(|(_, action)| format!("{action:?}"))
+            .collect()
+    };
+    assert!(failovers.is_empty(), "a 1.5 s stall started a failover: {failovers:?}");
+    assert!(postmaster_alive(&cluster.pgdata("db-0")), "the stalled primary was killed");
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, port).await;
+    assert!(lost.is_empty(), "{} of {} acknowledged commits lost", lost.len(), acknowledged.len());
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_primary_fences_itself_before_a_standby_is_promoted() {
     let Some(pg_bin) = loopback::pg_bin() else { return };
     let cluster = Cluster::start(pg_bin, NAMES).await;

@@ -47,6 +47,7 @@ fn instance_config(sandbox: &Sandbox, bin: &Path, pgdata: &Path) -> InstanceConf
         tick: Duration::from_millis(200),
         lease: LeaseTimings::default(),
         stop_grace: Duration::from_secs(10),
+        unresponsive_after: Duration::from_secs(2),
     }
 }
 

@@ -59,6 +59,8 @@ pub struct Agent<C> {
     waiting_for_released_wal: Option<(Lsn, Instant)>,
     /// WAL archiving health of this primary (kept while the server is down).
     archiving: Option<ArchivingReport>,
+    /// Health queries that failed in a row, and when the first of them failed.
+    unanswered: Option<(u32, Instant)>,
     /// `synchronous_standby_names` the operator last asked for.
     synchronous_wanted: Option<String>,
     /// The value the running server has (written and reloaded, or read at its start).
@@ -71,6 +73,10 @@ pub struct Agent<C> {
 /// for it forever would leave the database without a primary. Promoting after this wait loses the
 /// commits in that gap (logged), as any asynchronous failover may.
 pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Fewest health queries that must fail in a row before the server counts as not ready (with
+/// [`crate::instance::InstanceConfig::unresponsive_after`] elapsed since the first).
+pub const UNRESPONSIVE_QUERIES: u32 = 3;
 
 /// Equal for publishing purposes: a streaming standby's positions advance all the time and are not
 /// republished (they are published when streaming stops, which is when a failover needs them).
@@ -104,6 +110,7 @@ impl<C: ControlPlane> Agent<C> {
             last_published: None,
             waiting_for_released_wal: None,
             archiving: None,
+            unanswered: None,
             synchronous_wanted: None,
             synchronous_applied: None,
         }
@@ -139,6 +146,14 @@ impl<C: ControlPlane> Agent<C> {
         // deadline, a stopped former primary stays down.
         let desired = self.control_plane.desired().await.unwrap_or_default();
         let local = self.postgres.observe().await;
+        if self.stalling(&local) {
+            // Not yet unresponsive for long: nothing is published or changed; a primary renews
+            // nothing either (its server did not answer), so its fence deadline still runs.
+            if self.role == Some(Role::Primary) {
+                self.hold_lease(None).await;
+            }
+            return Ok(());
+        }
         // The volume, not the directory: PGDATA may not exist yet before the first clone.
         let volume = self.config.pgdata.parent().unwrap_or(&self.config.pgdata);
         let free = free_bytes(volume);
@@ -209,6 +224,25 @@ impl<C: ControlPlane> Agent<C> {
             LocalState::Down => self.start_when_allowed(&desired).await?,
         }
         self.publish(&local).await
+    }
+
+    /// Whether `local` is a failed health query within the grace of a stall: fewer than
+    /// [`UNRESPONSIVE_QUERIES`] failures in a row, or less than `unresponsive_after` since the first.
+    fn stalling(&mut self, local: &LocalState) -> bool {
+        let LocalState::NotReady(reason) = local else {
+            self.unanswered = None;
+            return false;
+        };
+        let (count, since) = match self.unanswered {
+            Some((count, since)) => (count + 1, since),
+            None => (1, Instant::now()),
+        };
+        self.unanswered = Some((count, since));
+        let stalling = count < UNRESPONSIVE_QUERIES || since.elapsed() < self.config.unresponsive_after;
+        if stalling {
+            tracing::info!(instance = %self.config.name, %reason, failures = count, "local server did not answer");
+        }
+        stalling
     }
 
     fn report(&self, local: &LocalState) -> InstanceReport {

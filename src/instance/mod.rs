@@ -16,7 +16,7 @@ pub mod recovery;
 pub mod run;
 pub mod standby;
 
-pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT};
+pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT, UNRESPONSIVE_QUERIES};
 
 use crate::instance::args::{InstanceArgs, InstanceCommand};
 
@@ -55,6 +55,10 @@ pub struct InstanceConfig {
     pub os_user: Option<(u32, u32)>,
     /// Longest wait for one local query; a server that does not answer in time is not ready.
     pub health_timeout: Duration,
+    /// How long health queries must fail in a row (and at least [`UNRESPONSIVE_QUERIES`] of them)
+    /// before the server counts as not ready: an I/O stall, CPU throttling or a connection storm
+    /// of a few seconds must not start a failover.
+    pub unresponsive_after: Duration,
     /// Interval between two steps (local checks only; API writes happen on change and on renewal).
     pub tick: Duration,
     /// Primary Lease timings.
@@ -140,6 +144,7 @@ pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
                 tick: Duration::from_secs(1),
                 lease: LeaseTimings::default(),
                 stop_grace: Duration::from_secs(1),
+                unresponsive_after: Duration::from_secs(1),
             };
             let sample = postgres::Postgres::new(config).sample().await?;
             println!("{}", serde_json::to_string(&sample)?);

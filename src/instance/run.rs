@@ -19,6 +19,11 @@ use tokio::sync::watch;
 /// server costs one renewal, never the deadline.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long the local server may fail its health queries before it counts as not ready: longer
+/// than a stall a failover would not cure (a 2-second I/O stall, a throttled CPU), shorter than
+/// the Lease's renew deadline, so a hung primary is still replaced within its RTO.
+const UNRESPONSIVE_AFTER: Duration = Duration::from_secs(5);
+
 /// The agent's configuration from the flags (and REPLICATION_PASSWORD from the environment only).
 pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
     let lease = LeaseTimings {
@@ -52,6 +57,7 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
         tick: Duration::from_millis(args.tick_milliseconds),
         lease,
         stop_grace: Duration::from_secs(10),
+        unresponsive_after: UNRESPONSIVE_AFTER,
     })
 }
 

@@ -399,6 +399,7 @@ mod tests {
             tick: Duration::from_secs(1),
             lease: LeaseTimings::default(),
             stop_grace: Duration::from_secs(1),
+            unresponsive_after: Duration::from_secs(1),
         }
     }
 

@@ -343,6 +343,7 @@ impl Cluster {
                 tick: Duration::from_millis(200),
                 lease: timings,
                 stop_grace: Duration::from_secs(5),
+                unresponsive_after: Duration::from_secs(2),
             };
             world.ports.insert(name.to_string(), port);
             world.pgdata.insert(name.to_string(), config.pgdata.clone());
