@@ -4,10 +4,12 @@
 //! Lease, or memory in tests) with compare-and-swap and measures time on its own clock.
 //!
 //! Safety argument: a holder renews every `renew_period` and fences itself once `renew_deadline`
-//! has passed since its last successful renewal. Anyone else takes a held lease only after seeing
-//! the record unchanged for a full `duration` on its own clock, which starts no earlier than the
-//! holder's last renewal. So the old holder has stopped writing `duration - renew_deadline` before
-//! a new primary may be promoted, whatever the clock offset between the two machines.
+//! has passed since it *sent* its last successful renewal. Anyone else takes a held lease only
+//! after seeing the record unchanged for a full `duration` on its own clock, which starts no
+//! earlier than that send. So the old holder has stopped writing `duration - renew_deadline`
+//! before a new primary may be promoted, whatever the clock offset between the two machines. The
+//! fence itself is kept by a watchdog outside the agent's loop (`instance::watchdog`, polling every
+//! 100 ms), so no blocking step and no frozen agent can delay it past that margin (at least 1 s).
 
 use crate::lsn::Lsn;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};

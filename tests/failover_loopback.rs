@@ -252,6 +252,45 @@ async fn an_isolated_primary_fences_itself_before_a_standby_is_promoted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_whose_agent_is_stuck_is_fenced_by_the_watchdog_before_a_standby_is_promoted() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    let timings = cluster.timings;
+    let old_data = cluster.pgdata("db-0");
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_millis(500), 5).await;
+    // The fault: the primary's agent blocks in an API call and never runs its own fence check.
+    let stuck = Instant::now();
+    cluster.world.lock().unwrap().hung.insert("db-0".into());
+    cluster
+        .wait_for(
+            "the stuck agent's server to be fenced",
+            timings.renew_deadline + Duration::from_secs(5),
+            async || !postmaster_alive(&old_data),
+        )
+        .await;
+    let fenced = stuck.elapsed();
+    assert!(fenced <= timings.renew_deadline + Duration::from_secs(1), "fenced after {fenced:?}");
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let promoted = stuck.elapsed();
+    assert!(promoted > fenced, "promoted at {promoted:?}, before the old primary stopped at {fenced:?}");
+    let new_port = cluster.port("db-1");
+    first_commit_after(&cluster, stuck, new_port, "a commit on the new primary").await;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    cluster.world.lock().unwrap().hung.remove("db-0");
+    cluster.assert_follows("db-0", "db-1").await;
+    eprintln!(
+        "FIGURES stuck agent: fenced by the watchdog {:.2} s after its last step (renew deadline {:?}), standby promoted after {:.2} s; {} acknowledged, {} lost (asynchronous)",
+        fenced.as_secs_f64(),
+        timings.renew_deadline,
+        promoted.as_secs_f64(),
+        acknowledged.len(),
+        lost.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_state_writes_only_lease_renewals() {
     let Some(pg_bin) = loopback::pg_bin() else { return };
     let mut cluster = Cluster::start(pg_bin, NAMES).await;

@@ -337,8 +337,8 @@ fn shown(value: &str) -> String {
     }
 }
 
-/// A StatefulSet scales down from its highest ordinal: fewer replicas than the primary's ordinal
-/// + 1 would delete the primary's pod while it commits (and with it the Lease holder). The status
+/// A StatefulSet scales down from its highest ordinal: replicas at or below the primary's ordinal
+/// would delete the primary's pod while it commits (and with it the Lease holder). The status
 /// names the primary (and the instance being promoted); a switchover moves it first.
 fn validate_scale_down(old: &DatabaseService, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
     let Some(failover) = old.status.as_ref().map(|status| &status.failover) else { return };

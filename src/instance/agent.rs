@@ -7,6 +7,7 @@ use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
 use crate::instance::standby::{self, StandbyError};
+use crate::instance::watchdog::{self, FenceFile};
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
@@ -59,6 +60,10 @@ pub struct Agent<C> {
     waiting_for_released_wal: Option<(Lsn, Instant)>,
     /// WAL archiving health of this primary (kept while the server is down).
     archiving: Option<ArchivingReport>,
+    /// The fence watchdog's file: armed with the fence deadline while this server is primary.
+    fence_file: FenceFile,
+    /// The running fence watchdog.
+    watchdog: Option<Watchdog>,
     /// Health queries that failed in a row, and when the first of them failed.
     unanswered: Option<(u32, Instant)>,
     /// `synchronous_standby_names` the operator last asked for.
@@ -73,6 +78,57 @@ pub struct Agent<C> {
 /// for it forever would leave the database without a primary. Promoting after this wait loses the
 /// commits in that gap (logged), as any asynchronous failover may.
 pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Name of the fence watchdog's file in the socket directory.
+pub const FENCE_FILE: &str = "dbservice-fence";
+
+/// The fence watchdog: its own process in a pod, a thread in tests (see [`watchdog`]).
+enum Watchdog {
+    Process(std::process::Child),
+    Thread(std::thread::JoinHandle<()>, std::sync::Arc<std::sync::atomic::AtomicBool>),
+}
+
+impl Watchdog {
+    fn start(binary: Option<&std::path::Path>, file: &std::path::Path) -> std::io::Result<Watchdog> {
+        match binary {
+            Some(binary) => std::process::Command::new(binary)
+                .args(["instance", "watchdog", "--fence-file"])
+                .arg(file)
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map(Watchdog::Process),
+            None => {
+                let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let keep_going = running.clone();
+                let file = file.to_path_buf();
+                let thread = std::thread::Builder::new()
+                    .name("fence-watchdog".into())
+                    .spawn(move || watchdog::watch(&file, || keep_going.load(std::sync::atomic::Ordering::Relaxed)))?;
+                Ok(Watchdog::Thread(thread, running))
+            }
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        match self {
+            Watchdog::Process(child) => matches!(child.try_wait(), Ok(None)),
+            Watchdog::Thread(thread, _) => !thread.is_finished(),
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Watchdog::Process(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Watchdog::Thread(thread, running) => {
+                running.store(false, std::sync::atomic::Ordering::Relaxed);
+                let _ = thread.join();
+            }
+        }
+    }
+}
 
 /// Fewest health queries that must fail in a row before the server counts as not ready (with
 /// [`crate::instance::InstanceConfig::unresponsive_after`] elapsed since the first).
@@ -95,6 +151,7 @@ fn same_state(left: &InstanceReport, right: &InstanceReport) -> bool {
 impl<C: ControlPlane> Agent<C> {
     /// An agent for `config`, talking to the API through `control_plane`.
     pub fn new(config: InstanceConfig, control_plane: C) -> Self {
+        let fence_file = FenceFile::new(config.socket_dir.join(FENCE_FILE));
         Agent {
             postgres: Postgres::new(config.clone()),
             config,
@@ -110,6 +167,8 @@ impl<C: ControlPlane> Agent<C> {
             last_published: None,
             waiting_for_released_wal: None,
             archiving: None,
+            fence_file,
+            watchdog: None,
             unanswered: None,
             synchronous_wanted: None,
             synchronous_applied: None,
@@ -138,10 +197,50 @@ impl<C: ControlPlane> Agent<C> {
         }
         let local = self.postgres.observe().await;
         let _ = self.publish(&local).await;
+        self.keep_fence();
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.stop();
+        }
     }
 
     /// One step: observe, act on the operator's wishes, publish on change.
     pub async fn step(&mut self) -> Result<(), AgentError> {
+        self.keep_watchdog();
+        let result = self.step_once().await;
+        self.keep_fence();
+        result
+    }
+
+    /// Starts the fence watchdog, or again if it ended.
+    fn keep_watchdog(&mut self) {
+        if self.watchdog.as_mut().is_some_and(Watchdog::running) {
+            return;
+        }
+        match Watchdog::start(self.config.watchdog_binary.as_deref(), self.fence_file.path()) {
+            Ok(watchdog) => self.watchdog = Some(watchdog),
+            Err(error) => tracing::error!(instance = %self.config.name, %error, "could not start the fence watchdog"),
+        }
+    }
+
+    /// Arms the fence watchdog with this primary's deadline (its last renewal's send time plus the
+    /// renew deadline), or disarms it when this server is not a primary holding the Lease.
+    fn keep_fence(&mut self) {
+        let armed = match (self.role, self.last_renewal, self.postgres.pid()) {
+            (Some(Role::Primary), Some(renewed), Some(postmaster)) => {
+                Some((postmaster, renewed + self.config.lease.renew_deadline))
+            }
+            _ => None,
+        };
+        let written = match armed {
+            Some((postmaster, deadline)) => self.fence_file.arm(postmaster, deadline),
+            None => self.fence_file.disarm(),
+        };
+        if let Err(error) = written {
+            tracing::error!(instance = %self.config.name, %error, file = %self.fence_file.path().display(), "could not write the fence deadline");
+        }
+    }
+
+    async fn step_once(&mut self) -> Result<(), AgentError> {
         // Without the API the target is unknown: a primary keeps its course until its lease
         // deadline, a stopped former primary stays down.
         let desired = self.control_plane.desired().await.unwrap_or_default();
@@ -310,9 +409,13 @@ impl<C: ControlPlane> Agent<C> {
             timeline: timeline.or(record.timeline),
             released_at_lsn: None,
         };
+        // The fence clock starts when the renewal is sent, not when it returns: others time the
+        // Lease from when they see the new version, which is later than this.
+        let sent = Instant::now();
         match self.control_plane.write_lease(&version, &next).await? {
             Some(_) => {
-                self.last_renewal = Some(Instant::now());
+                self.last_renewal = Some(sent);
+                self.keep_fence();
                 Ok(LeaseWrite::Written)
             }
             None => Ok(LeaseWrite::Conflict),
@@ -346,6 +449,7 @@ impl<C: ControlPlane> Agent<C> {
         tracing::warn!(instance = %self.config.name, reason, "fencing: stopping PostgreSQL");
         self.postgres.kill().await;
         self.last_renewal = None;
+        self.keep_fence();
     }
 
     async fn promote_when_allowed(&mut self, sample: &Sample) -> Result<(), AgentError> {
@@ -406,6 +510,12 @@ impl<C: ControlPlane> Agent<C> {
             self.postgres.checkpoint().await;
             // After the CHECKPOINT: pg_waldump then reads only the WAL of the last moments.
             shutdown_began = self.postgres.insert_lsn().await.ok();
+            // The fence watchdog kills at the renew deadline: renewing now gives the shutdown a
+            // whole one, whatever the CHECKPOINT above took.
+            if let Ok(LeaseWrite::HeldByOther) = self.write_lease(None, None).await {
+                self.fence("another instance holds the primary lease").await;
+                return Ok(());
+            }
         }
         let clean = self.postgres.stop(self.config.stop_grace).await;
         if !was_primary {

@@ -29,6 +29,17 @@ pub enum InstanceCommand {
     /// Supervise PostgreSQL in its pod: role from the primary Lease, report on the pod, promote,
     /// demote, rewind, fence (the postgres container's main process).
     Run(InstanceRunArgs),
+    /// Kill the local PostgreSQL at the primary Lease's fence deadline the agent writes into a
+    /// file (started by `instance run`, never by hand).
+    Watchdog(InstanceWatchdogArgs),
+}
+
+/// Flags of `instance watchdog`.
+#[derive(Debug, Args, Clone)]
+pub struct InstanceWatchdogArgs {
+    /// The file the agent arms and disarms.
+    #[arg(long)]
+    pub fence_file: PathBuf,
 }
 
 /// Flags of `instance run` (the pod template sets them through the environment).

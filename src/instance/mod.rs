@@ -15,6 +15,7 @@ pub mod postgres;
 pub mod recovery;
 pub mod run;
 pub mod standby;
+pub mod watchdog;
 
 pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT, UNRESPONSIVE_QUERIES};
 
@@ -59,6 +60,9 @@ pub struct InstanceConfig {
     /// before the server counts as not ready: an I/O stall, CPU throttling or a connection storm
     /// of a few seconds must not start a failover.
     pub unresponsive_after: Duration,
+    /// The binary to run `instance watchdog` with (the fence watchdog as its own process, so that a
+    /// frozen agent still fences); None: a thread of this process (tests that run agents in-process).
+    pub watchdog_binary: Option<PathBuf>,
     /// Interval between two steps (local checks only; API writes happen on change and on renewal).
     pub tick: Duration,
     /// Primary Lease timings.
@@ -126,6 +130,7 @@ pub trait ControlPlane: Send + Sync {
 pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
     match args.command {
         InstanceCommand::Run(run) => run::run(run).await,
+        InstanceCommand::Watchdog(watchdog) => watchdog::run_process(&watchdog.fence_file),
         InstanceCommand::Status(status) => {
             let config = InstanceConfig {
                 name: String::new(),
@@ -145,6 +150,7 @@ pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
                 lease: LeaseTimings::default(),
                 stop_grace: Duration::from_secs(1),
                 unresponsive_after: Duration::from_secs(1),
+                watchdog_binary: None,
             };
             let sample = postgres::Postgres::new(config).sample().await?;
             println!("{}", serde_json::to_string(&sample)?);

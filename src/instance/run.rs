@@ -58,6 +58,10 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
         lease,
         stop_grace: Duration::from_secs(10),
         unresponsive_after: UNRESPONSIVE_AFTER,
+        watchdog_binary: Some(
+            std::env::current_exe()
+                .unwrap_or_else(|_| PathBuf::from(crate::api::pod::AGENT_DIRECTORY).join("dbservice-operator")),
+        ),
     })
 }
 

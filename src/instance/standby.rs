@@ -400,6 +400,7 @@ mod tests {
             lease: LeaseTimings::default(),
             stop_grace: Duration::from_secs(1),
             unresponsive_after: Duration::from_secs(1),
+            watchdog_binary: None,
         }
     }
 

@@ -117,6 +117,8 @@ pub struct World {
     pub pgdata: BTreeMap<String, PathBuf>,
     /// Instances cut off from the API.
     pub partitioned: BTreeSet<String>,
+    /// Instances whose API calls hang (until removed): their agent's step blocks.
+    pub hung: BTreeSet<String>,
     /// Pods deleted (their processes are dead).
     pub gone: BTreeSet<String>,
     pub switchover_to: Option<String>,
@@ -140,6 +142,13 @@ pub struct MemoryControlPlane {
 }
 
 impl MemoryControlPlane {
+    /// Waits while this instance's calls hang.
+    async fn hang_while_hung(&self) {
+        while self.world.lock().unwrap().hung.contains(&self.name) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn reachable(&self) -> Result<std::sync::MutexGuard<'_, World>, ControlPlaneError> {
         let world = self.world.lock().unwrap();
         if world.partitioned.contains(&self.name) {
@@ -151,6 +160,7 @@ impl MemoryControlPlane {
 
 impl ControlPlane for MemoryControlPlane {
     async fn desired(&self) -> Result<Desired, ControlPlaneError> {
+        self.hang_while_hung().await;
         let world = self.reachable()?;
         let status = &world.status;
         let settled = status.current_primary.is_some() && status.current_primary == status.target_primary;
@@ -170,6 +180,7 @@ impl ControlPlane for MemoryControlPlane {
     }
 
     async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
+        self.hang_while_hung().await;
         let mut world = self.reachable()?;
         world.reports.insert(self.name.clone(), report.clone());
         world.publishes += 1;
@@ -177,11 +188,13 @@ impl ControlPlane for MemoryControlPlane {
     }
 
     async fn read_lease(&self) -> Result<(LeaseRecord, String), ControlPlaneError> {
+        self.hang_while_hung().await;
         let world = self.reachable()?;
         Ok((world.lease.clone(), world.lease_version.to_string()))
     }
 
     async fn write_lease(&self, version: &str, record: &LeaseRecord) -> Result<Option<String>, ControlPlaneError> {
+        self.hang_while_hung().await;
         let mut world = self.reachable()?;
         if world.lease_version.to_string() != version {
             return Ok(None);
@@ -199,10 +212,15 @@ pub fn postmaster_pid(pgdata: &Path) -> Option<i32> {
     std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
 }
 
-/// The postmaster of `pgdata` runs (what a kubelet readiness probe needs at the least).
+/// The postmaster of `pgdata` runs (what a kubelet readiness probe needs at the least). A zombie
+/// (killed, not yet reaped by a stuck agent) serves nothing and counts as dead.
 pub fn postmaster_alive(pgdata: &Path) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    postmaster_pid(pgdata).is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0)
+    postmaster_pid(pgdata).is_some_and(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ...: the state follows the last ')'.
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        state.is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// Sends `signal` to the postmaster of `pgdata` and all its children (SIGSTOP: the whole server hangs).
@@ -344,6 +362,7 @@ impl Cluster {
                 lease: timings,
                 stop_grace: Duration::from_secs(5),
                 unresponsive_after: Duration::from_secs(2),
+                watchdog_binary: None,
             };
             world.ports.insert(name.to_string(), port);
             world.pgdata.insert(name.to_string(), config.pgdata.clone());
