@@ -52,14 +52,14 @@ pub(crate) fn epoch_now() -> f64 {
 
 /// One line of the writer's log.
 #[derive(Clone, Copy, Debug)]
-struct Attempt {
-    id: i64,
-    at: f64,
-    acknowledged: bool,
+pub(crate) struct Attempt {
+    pub(crate) id: i64,
+    pub(crate) at: f64,
+    pub(crate) acknowledged: bool,
 }
 
 /// The writer's log so far (empty while its container starts).
-fn writer_log(namespace: &str) -> Vec<Attempt> {
+pub(crate) fn writer_log(namespace: &str) -> Vec<Attempt> {
     let output = std::process::Command::new(crate::support::tool("kubectl"))
         .args(["-n", namespace, "logs", WRITER])
         .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
@@ -206,7 +206,7 @@ pub(crate) fn exec_in(namespace: &str, pod: &str, script: &str) {
 }
 
 /// SIGSTOPs the postmaster and every child of it: the whole server hangs, the agent does not.
-const HANG_POSTGRES: &str = r#"
+pub(crate) const HANG_POSTGRES: &str = r#"
 pid=$(head -n 1 "$PGDATA/postmaster.pid")
 kill -STOP "$pid"
 for stat in /proc/[0-9]*/stat; do

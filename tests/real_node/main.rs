@@ -11,6 +11,7 @@
 mod backups;
 mod environment;
 mod failover;
+mod faults;
 mod node;
 #[path = "../support/object_store.rs"]
 mod object_store;

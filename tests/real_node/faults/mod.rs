@@ -1,0 +1,125 @@
+//! The fault-injection suite (issue 21): real PostgreSQL in real pods under the operator, two
+//! checkers running through every fault ([`checkers`]), and one test per fault. Each test prints
+//! one line `[fault] <fault> | RTO <s> | acknowledged <n> | lost <n> | overlap <none|...>`, the
+//! figures of the README's table (`make test`, or `cargo test --test real_node faults`).
+//!
+//! Faults run in their own namespaces, at most [`PARALLEL_FAULTS`] at a time: the real node has two
+//! cores, and a fault measured on a starved machine measures the machine.
+
+mod checkers;
+mod host;
+mod network;
+mod stalls;
+mod topology;
+
+use crate::environment::{
+    admin_client, install_chart, real_database, real_namespace, real_node_or_skip, wait_running, RealNode,
+};
+use crate::failover::{figures, start_writer, wait_settled_instances, writer_log, DATABASE};
+use crate::support::TestNamespace;
+use checkers::{overlaps, pinned_log, start_pinned_writer, terms, Term};
+use dbservice_operator::api::database_service::DatabaseService;
+use kube::api::PostParams;
+use kube::Api;
+use std::time::Duration;
+
+/// Faults measured at the same time.
+pub const PARALLEL_FAULTS: usize = 2;
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(PARALLEL_FAULTS);
+
+/// One database under both checkers, in its own namespace.
+pub struct Bed {
+    pub client: kube::Client,
+    pub node: &'static RealNode,
+    pub namespace: TestNamespace,
+    pub instances: usize,
+    _slot: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// What a fault cost.
+#[derive(Debug)]
+pub struct Outcome {
+    /// From the fault to the first commit acknowledged through the Service after the outage.
+    pub rto: f64,
+    /// Commits the Service writer saw acknowledged since the fault.
+    pub acknowledged: usize,
+    /// Of those, missing on the final primary.
+    pub lost: usize,
+    /// Terms of different servers that overlapped (two writable primaries).
+    pub overlaps: Vec<(Term, Term)>,
+}
+
+impl Bed {
+    /// A database of `instances` on the real node with both writers committing; None when the
+    /// test skips (no real node outside CI).
+    pub async fn start(fault: &str, instances: usize) -> Option<Bed> {
+        let node = real_node_or_skip(fault)?;
+        let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
+        install_chart(node);
+        let client = admin_client().await;
+        let namespace = real_namespace(&client, "fault").await;
+        let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
+        let replicas = i32::try_from(instances).expect("a few instances");
+        databases.create(&PostParams::default(), &real_database(node, DATABASE, replicas, "Delete")).await.unwrap();
+        wait_running(&client, &namespace.name, DATABASE, replicas, Duration::from_secs(300)).await;
+        let bed = Bed { client, node, namespace, instances, _slot: slot };
+        bed.primary().await;
+        start_writer(&bed.client, node, bed.ns()).await;
+        start_pinned_writer(&bed.client, node, bed.ns(), instances).await;
+        Some(bed)
+    }
+
+    /// Its namespace.
+    pub fn ns(&self) -> &str {
+        &self.namespace.name
+    }
+
+    /// The DatabaseServices of its namespace.
+    pub fn databases(&self) -> Api<DatabaseService> {
+        Api::namespaced(self.client.clone(), self.ns())
+    }
+
+    /// Waits for one primary behind the Service and every other instance streaming; its name.
+    pub async fn primary(&self) -> String {
+        wait_settled_instances(&self.client, self.ns(), self.instances).await
+    }
+
+    /// The Service writer's last attempt: the ids after it are the fault's.
+    pub fn last_id(&self) -> i64 {
+        crate::failover::last_id(self.ns())
+    }
+
+    /// Waits until the database has settled again and both writers committed after the fault;
+    /// prints the fault's line and returns its figures.
+    pub async fn conclude(&self, fault: &str, failed_at: f64, since_id: i64) -> Outcome {
+        self.primary().await;
+        let (rto, lost) = figures(&self.client, self.node, self.ns(), fault, failed_at, since_id).await;
+        let acknowledged =
+            writer_log(self.ns()).iter().filter(|attempt| attempt.acknowledged && attempt.id >= since_id).count();
+        let commits =
+            crate::support::eventually("pinned commits after the fault", Duration::from_secs(120), || async {
+                let log = pinned_log(self.ns());
+                log.iter().any(|commit| commit.at > failed_at + 1.0).then_some(log)
+            })
+            .await;
+        let terms = terms(&commits);
+        let overlaps = overlaps(&terms);
+        let overlap = if overlaps.is_empty() {
+            "none".to_string()
+        } else {
+            overlaps
+                .iter()
+                .map(|(earlier, later)| {
+                    format!(
+                        "{} (timeline {}) committed until {:.2}, {} (timeline {}) from {:.2}",
+                        earlier.server, earlier.timeline, earlier.last, later.server, later.timeline, later.first
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        eprintln!("[fault] {fault} | RTO {rto:.1} s | acknowledged {acknowledged} | lost {lost} | overlap {overlap}");
+        eprintln!("[fault] {fault}: terms {terms:?}");
+        Outcome { rto, acknowledged, lost, overlaps }
+    }
+}

@@ -1,0 +1,101 @@
+//! Faults of processes that stop without dying: the primary's PostgreSQL stalled briefly (no
+//! failover), stalled until fenced and then continued (it must never commit again beside the new
+//! primary), and the primary's agent alone stopped (its watchdog fences PostgreSQL in time).
+
+use super::host::{self, HostProcess};
+use super::Bed;
+use crate::failover::{epoch_now, ledger_entries, SETTLE_TIMEOUT};
+use crate::support::eventually;
+use std::time::{Duration, Instant};
+
+/// The primary Lease's renew deadline (the chart's default): a primary that cannot renew stops
+/// writing this long after its last renewal was sent.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// PostgreSQL's processes of `pod` (the postmaster and every backend; not the agent or its watchdog).
+fn postgres_processes(namespace: &str, pod: &str) -> Vec<HostProcess> {
+    host::processes_of(namespace, pod)
+        .into_iter()
+        .filter(|process| process.arguments.first().is_some_and(|program| program.contains("postgres")))
+        .collect()
+}
+
+fn signal_all(processes: &[HostProcess], signal: i32) {
+    for process in processes {
+        host::signal(process.pid, signal);
+    }
+}
+
+#[tokio::test]
+async fn a_two_second_stall_of_the_primary_starts_no_failover() {
+    let fault = "primary's PostgreSQL stopped for 2 s";
+    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let primary = bed.primary().await;
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    let stalled = postgres_processes(bed.ns(), &primary);
+    assert!(stalled.len() >= 3, "the primary's postmaster and its backends: {stalled:?}");
+    signal_all(&stalled, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal_all(&stalled, libc::SIGCONT);
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_eq!(bed.primary().await, primary, "a 2-second stall moved the primary");
+    let started = ledger_entries(bed.ns(), "FailoverStarted");
+    assert!(started.is_empty(), "a 2-second stall started a failover: {started:?}");
+    assert!(outcome.acknowledged >= 20, "the writer committed through the stall: {outcome:?}");
+    assert_eq!(outcome.lost, 0);
+    assert!(outcome.overlaps.is_empty(), "{:?}", outcome.overlaps);
+}
+
+#[tokio::test]
+async fn a_primary_stalled_until_fenced_then_continued_never_commits_beside_the_new_one() {
+    let fault = "primary's PostgreSQL stopped until fenced, then continued";
+    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let primary = bed.primary().await;
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    let stalled = postgres_processes(bed.ns(), &primary);
+    signal_all(&stalled, libc::SIGSTOP);
+    let replaced = eventually("another primary", SETTLE_TIMEOUT, || async {
+        crate::failover::settled(&bed.client, bed.ns(), bed.instances).await.filter(|now| *now != primary)
+    })
+    .await;
+    // Whatever was not killed wakes up now, with its open connections.
+    signal_all(&stalled, libc::SIGCONT);
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_ne!(replaced, primary);
+    assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+    assert!(outcome.rto <= 30.0, "a hung primary is replaced within 30 s, took {:.1} s", outcome.rto);
+}
+
+#[tokio::test]
+async fn the_primary_agent_stopped_for_a_minute_is_fenced_by_its_watchdog() {
+    let fault = "primary's agent alone stopped for 60 s";
+    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let primary = bed.primary().await;
+    let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");
+    let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    let stopped = Instant::now();
+    host::signal(agent.pid, libc::SIGSTOP);
+    let fenced = eventually("the watchdog to stop the primary's PostgreSQL", Duration::from_secs(60), || async {
+        (!host::running(postmaster.pid)).then(|| stopped.elapsed())
+    })
+    .await;
+    let replaced = eventually("another primary", SETTLE_TIMEOUT, || async {
+        let databases = bed.databases();
+        let status = databases.get(crate::failover::DATABASE).await.ok()?.status?;
+        status.failover.current_primary.filter(|now| *now != primary)
+    })
+    .await;
+    let promoted = stopped.elapsed();
+    tokio::time::sleep(Duration::from_secs(60).saturating_sub(stopped.elapsed())).await;
+    host::signal(agent.pid, libc::SIGCONT);
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    eprintln!(
+        "[figure] {fault}: PostgreSQL fenced {:.1} s after the agent stopped, {replaced} promoted after {:.1} s",
+        fenced.as_secs_f64(),
+        promoted.as_secs_f64()
+    );
+    assert!(fenced <= RENEW_DEADLINE + Duration::from_secs(2), "fenced only after {fenced:?}");
+    assert!(promoted > fenced, "promoted at {promoted:?}, before the fence at {fenced:?}");
+    assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+}
