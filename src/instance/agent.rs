@@ -297,7 +297,7 @@ impl<C: ControlPlane> Agent<C> {
             }
             LocalState::Ready(sample) => {
                 if target_me {
-                    self.promote_when_allowed(sample).await?;
+                    self.promote_when_allowed(sample, desired.switchover).await?;
                 } else if desired.target_primary.as_deref() == Some(PENDING) {
                     // Stop streaming only once the old primary cannot commit any more (lease
                     // released or expired): until then every commit it acknowledges still arrives.
@@ -452,12 +452,26 @@ impl<C: ControlPlane> Agent<C> {
         self.keep_fence();
     }
 
-    async fn promote_when_allowed(&mut self, sample: &Sample) -> Result<(), AgentError> {
+    async fn promote_when_allowed(&mut self, sample: &Sample, switchover: bool) -> Result<(), AgentError> {
         let (record, _, verdict) = self.read_lease().await?;
         if !verdict.may_acquire() {
             return Ok(());
         }
         let received = sample.received_lsn.max(sample.replay_lsn).unwrap_or_default();
+        if switchover {
+            // A planned change promises every acknowledged commit: only a clean release whose
+            // position has arrived allows the promotion. Anything else (an expired Lease, a
+            // release without a position after an unclean stop, WAL that does not arrive) waits
+            // until the operator gives the old primary its place back.
+            let mine = record.holder.as_deref() == Some(self.config.name.as_str());
+            let released_and_received =
+                record.holder.is_none() && record.released_at_lsn.is_some_and(|released| received >= released);
+            let complete = mine || released_and_received;
+            if !complete {
+                tracing::info!(instance = %self.config.name, %received, released = ?record.released_at_lsn, holder = ?record.holder, "switchover: waiting for the old primary's clean release and its last WAL");
+                return Ok(());
+            }
+        }
         if let Some(released) = record.released_at_lsn.filter(|released| received < *released) {
             // A clean hand-over: promoting before the old primary's last WAL arrived would lose
             // commits. While streaming it keeps arriving; once streaming has stopped, it is given

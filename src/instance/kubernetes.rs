@@ -10,7 +10,7 @@
 
 use crate::api::database_service::fenced_instances;
 use crate::api::database_service::DatabaseService;
-use crate::api::failover::{FailoverStatus, InstanceReport, INSTANCE_REPORT_ANNOTATION};
+use crate::api::failover::{FailoverStatus, InstanceReport, TransitionKind, INSTANCE_REPORT_ANNOTATION};
 use crate::api::names::primary_lease_name;
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, Upstream};
 use crate::lease::LeaseRecord;
@@ -43,6 +43,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         target_primary: status.target_primary.clone(),
         upstream,
         fenced: fenced.iter().any(|name| name == me),
+        switchover: status.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover),
         synchronous_standby_names: None,
     }
 }
@@ -238,7 +239,13 @@ mod tests {
         let fresh = desired_from(&FailoverStatus::default(), &["db-0".into()], "db-0", domain, 5432);
         assert_eq!(
             fresh,
-            Desired { target_primary: None, upstream: None, fenced: true, synchronous_standby_names: None }
+            Desired {
+                target_primary: None,
+                upstream: None,
+                fenced: true,
+                switchover: false,
+                synchronous_standby_names: None
+            }
         );
     }
 

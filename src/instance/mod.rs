@@ -99,6 +99,10 @@ pub struct Desired {
     pub upstream: Option<Upstream>,
     /// A person fenced this instance: keep PostgreSQL stopped.
     pub fenced: bool,
+    /// The change in progress is a planned switchover: its target promotes only once the old
+    /// primary has released the Lease with a position the target has received (never on expiry,
+    /// never with a gap), so that it loses no acknowledged commit.
+    pub switchover: bool,
     /// `synchronous_standby_names` this instance applies should it be primary ('' for asynchronous
     /// replication); None when unknown (the API is unreachable): the current value stays.
     pub synchronous_standby_names: Option<String>,

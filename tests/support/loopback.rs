@@ -6,7 +6,7 @@
 
 use chrono::Utc;
 use dbservice_operator::api::failover::{
-    FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport, PodState,
+    FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport, PodState, TransitionKind,
 };
 use dbservice_operator::api::synchronous::synchronous_standby_names;
 use dbservice_operator::instance::{Agent, ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
@@ -175,6 +175,10 @@ impl ControlPlane for MemoryControlPlane {
             target_primary: status.target_primary.clone(),
             upstream,
             fenced: false,
+            switchover: status
+                .transition
+                .as_ref()
+                .is_some_and(|transition| transition.kind == TransitionKind::Switchover),
             synchronous_standby_names: Some(synchronous),
         })
     }

@@ -273,6 +273,16 @@ fn steady(
             action: Action::FailoverBlocked { primary: current, reason: Rejection::NoStandby },
         };
     }
+    let returning = status.transition.as_ref().filter(|transition| {
+        transition.kind == TransitionKind::Switchover
+            && transition.from == current
+            && elapsed(transition.started_at, now) < settings.switchover_timeout
+    });
+    if let Some(returning) = returning.filter(|_| !healthy && primary.is_some_and(|old| old.pod != PodState::Gone)) {
+        // An abandoned switchover gave a stopped primary its place back: it restarts, no failover.
+        next.transition = Some(returning.clone());
+        return Decision { status: next, action: Action::WaitingForPromotion { target: current } };
+    }
     if !healthy {
         let since = status.primary_failing_since.unwrap_or(now);
         next.primary_failing_since = Some(since);
@@ -443,11 +453,22 @@ fn await_promotion(
         next.target_primary = Some(PENDING.into());
         return Decision { status: next, action: Action::CandidateLost { target, reason } };
     }
+    // A switchover promises every acknowledged commit, which only the old primary is sure to
+    // hold: while its pod exists and the target has not taken the Lease, giving up means giving
+    // the old primary its place back (its agent restarts it as primary), never a failover.
+    let old_primary_can_return = find(observed, &current).is_some_and(|old| old.pod != PodState::Gone)
+        && observed.lease.as_ref().is_none_or(|lease| lease.holder.as_deref() != Some(target.as_str()));
     if lost.is_some() || timed_out {
-        if old_primary_running {
-            // The old primary never stopped: it simply stays primary.
+        if old_primary_running || (transition.kind == TransitionKind::Switchover && old_primary_can_return) {
+            // The old primary never stopped, or stopped for nothing: it stays (or is again) primary.
+            // A stopped one is given its place back with a returning transition, so that the
+            // failover its absence would start waits while its agent restarts it (see `steady`).
+            next.transition = (!old_primary_running).then(|| Transition {
+                kind: TransitionKind::Switchover,
+                from: current.clone(),
+                started_at: now,
+            });
             next.target_primary = Some(current);
-            next.transition = None;
             let reason = match lost {
                 Some(reason) => format!("target {target} cannot be promoted: {reason:?}"),
                 None => format!("target {target} was not promoted within {:?}", settings.switchover_timeout),

@@ -495,12 +495,34 @@ fn switchover_timeouts() {
         Action::WaitingForPromotion { target: "db-1".into() }
     );
 
-    // The old primary stopped already: a failover picks the best standby instead.
+    // The old primary stopped for the switchover, but the target never got its last WAL: only the
+    // old primary surely holds every acknowledged commit, so it gets its place back (no failover).
     let stopped =
         InstanceReport { postgres_ready: false, shutdown_checkpoint_lsn: Some(Lsn(100 * MIB)), ..primary_report() };
     let old_stopped =
-        observed(vec![instance("db-0", PodState::NotReady, Some(stopped)), standby("db-1", 100 * MIB, true)]);
-    let converted = decide(&status, &old_stopped, &settings(0), at(30));
+        observed(vec![instance("db-0", PodState::NotReady, Some(stopped.clone())), standby("db-1", 99 * MIB, false)]);
+    let given_back = decide(&status, &old_stopped, &settings(0), at(30));
+    assert!(
+        matches!(&given_back.action, Action::TransitionAbandoned { kind: TransitionKind::Switchover, .. }),
+        "{given_back:?}"
+    );
+    assert_eq!(given_back.status.target_primary.as_deref(), Some("db-0"));
+    let returning = given_back.status.transition.clone().expect("a returning transition");
+    assert_eq!((returning.kind, returning.from.as_str()), (TransitionKind::Switchover, "db-0"));
+    // While its agent restarts it, its absence starts no failover ...
+    let waiting = decide(&given_back.status, &old_stopped, &settings(0), at(40));
+    assert_eq!(waiting.action, Action::WaitingForPromotion { target: "db-0".into() });
+    assert_eq!(waiting.status, given_back.status, "nothing to write while waiting");
+    // ... until it is back (the transition ends) ...
+    let back = decide(&given_back.status, &old_running, &settings(0), at(41));
+    assert_eq!((back.action, back.status.transition), (Action::Steady, None));
+    // ... or until the switchover timeout has passed again: then it has failed, and fails over.
+    let failed = decide(&given_back.status, &old_stopped, &settings(0), at(60));
+    assert!(matches!(failed.action, Action::FailoverStarted { .. }), "{failed:?}");
+
+    // The old primary's pod is gone: a failover picks the best standby instead.
+    let old_gone = observed(vec![instance("db-0", PodState::Gone, Some(stopped)), standby("db-1", 100 * MIB, true)]);
+    let converted = decide(&status, &old_gone, &settings(0), at(30));
     assert_eq!(converted.action, Action::CandidateLost { target: "db-1".into(), reason: Rejection::TimedOut });
     assert_eq!(converted.status.target_primary.as_deref(), Some(PENDING));
     assert_eq!(converted.status.transition.unwrap().kind, TransitionKind::Failover);
