@@ -683,3 +683,48 @@ async fn a_switchover_whose_target_misses_the_last_wal_is_abandoned_and_the_old_
     );
     cluster.shutdown().await;
 }
+
+/// A former primary whose data is on an older timeline than the Lease names never starts as
+/// primary, even when a stale status names it: another instance was promoted since, and starting
+/// it would fork the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_former_primary_never_starts_as_primary_behind_the_lease_timeline() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.kill_pod("db-0");
+    cluster.wait_primary("db-1", Duration::from_secs(40)).await;
+    let world = cluster.world.clone();
+    cluster
+        .wait_for("the new primary's timeline in the Lease", Duration::from_secs(30), async || {
+            world.lock().unwrap().lease.timeline == Some(2)
+        })
+        .await;
+    // The fault: the operator's view goes stale and names the old primary (timeline 1) again.
+    let stale_from = {
+        let mut world = world.lock().unwrap();
+        world.operator_paused = true;
+        world.status.current_primary = Some("db-0".into());
+        world.status.target_primary = Some("db-0".into());
+        world.status.timeline = Some(1);
+        world.lease_history.len()
+    };
+    let new_data = cluster.pgdata("db-1");
+    cluster
+        .wait_for("db-1 to step down and release the Lease", Duration::from_secs(30), async || {
+            !postmaster_alive(&new_data) && world.lock().unwrap().lease.holder.is_none()
+        })
+        .await;
+    cluster.recreate_pod("db-0");
+    let old_data = cluster.pgdata("db-0");
+    // Several agent steps (200 ms each) with the Lease free and the status naming db-0.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert!(!postmaster_alive(&old_data), "db-0 started as primary on timeline 1 behind a Lease on timeline 2");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let holders: Vec<_> =
+        world.lock().unwrap().lease_history[stale_from..].iter().filter_map(|record| record.holder.clone()).collect();
+    assert!(!holders.contains(&"db-0".to_string()), "db-0 took the Lease: {holders:?}");
+    world.lock().unwrap().operator_paused = false;
+    cluster.shutdown().await;
+}

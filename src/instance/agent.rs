@@ -244,7 +244,15 @@ impl<C: ControlPlane> Agent<C> {
         // Without the API the target is unknown: a primary keeps its course until its lease
         // deadline, a stopped former primary stays down.
         let desired = self.control_plane.desired().await.unwrap_or_default();
-        let local = self.postgres.observe().await;
+        let mut local = self.postgres.observe().await;
+        if let (LocalState::Ready(sample), Some(last)) = (&mut local, &self.last_sample) {
+            // A standby that stops streaming reads its timeline from its last restartpoint, which
+            // may predate the timeline it followed: the failover would take it for one that
+            // missed a promotion. Its timeline never goes back while it replays.
+            if sample.in_recovery && last.in_recovery {
+                sample.timeline = sample.timeline.max(last.timeline);
+            }
+        }
         if self.stalling(&local) {
             // Not yet unresponsive for long: nothing is published or changed; a primary renews
             // nothing either (its server did not answer), so its fence deadline still runs.
@@ -590,6 +598,14 @@ impl<C: ControlPlane> Agent<C> {
         match (standby_data, target_me, named_other, &desired.upstream) {
             // A primary restarts in place (crash recovery) only while it can hold the Lease.
             (false, true, _, _) => {
+                let (record, _, _) = self.read_lease().await?;
+                let local = standby::shutdown_checkpoint(&self.config).await?.timeline;
+                if let Some(leased) = record.timeline.filter(|leased| *leased > local) {
+                    // Another instance was promoted since this data was primary: starting it as
+                    // primary would fork the history. The operator's view is stale; wait.
+                    tracing::warn!(instance = %self.config.name, local_timeline = local, lease_timeline = leased, "not starting as primary: the Lease names a newer timeline");
+                    return Ok(());
+                }
                 if matches!(self.write_lease(None, None).await?, LeaseWrite::Written) {
                     tracing::info!(instance = %self.config.name, "starting as primary");
                     self.start(Role::Primary, None)?;
@@ -634,6 +650,8 @@ impl<C: ControlPlane> Agent<C> {
         }
         self.shutdown_checkpoint = None;
         self.role = Some(Role::Standby);
+        // Rewound or cloned: the timeline is the new primary's, whatever this one had.
+        self.last_sample = None;
         Ok(())
     }
 

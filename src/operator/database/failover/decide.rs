@@ -50,6 +50,14 @@ pub enum Rejection {
         /// The configured limit.
         limit_bytes: u64,
     },
+    /// It is on an older timeline than the current primary: it missed a promotion, and its
+    /// position, however far, is on a history the database left.
+    OldTimeline {
+        /// Its timeline.
+        timeline: u32,
+        /// The current primary's.
+        current: u32,
+    },
     /// It was not promoted within the switchover timeout.
     TimedOut,
     /// The database has no other instance to promote.
@@ -179,15 +187,29 @@ fn find<'a>(observed: &'a Observed, name: &str) -> Option<&'a InstanceObservatio
 }
 
 /// The most advanced position known: the primary's at its last lease renewal, or any report's.
-fn reference_lsn(observed: &Observed) -> Lsn {
-    let reported = observed.instances.iter().filter_map(|instance| instance.report.as_ref()?.received_lsn);
+fn reference_lsn(observed: &Observed, current_timeline: u32) -> Lsn {
+    // A position on an older timeline is on a history the database left: no reference.
+    let reported = observed
+        .instances
+        .iter()
+        .filter_map(|instance| instance.report.as_ref())
+        .filter(|report| report.timeline >= current_timeline)
+        .filter_map(|report| report.received_lsn);
     observed.lease.as_ref().and_then(|lease| lease.primary_lsn).into_iter().chain(reported).max().unwrap_or_default()
+}
+
+/// The timeline of the database: the primary's, from the status or from its last Lease renewal
+/// (the status may be a stale cache of it, or lost).
+fn current_timeline(status: &FailoverStatus, observed: &Observed) -> u32 {
+    let renewed = observed.lease.as_ref().and_then(|lease| lease.timeline);
+    status.timeline.max(renewed).unwrap_or(0)
 }
 
 /// Why `instance` may not be promoted, if it may not.
 fn rejection(
     instance: &InstanceObservation,
     reference: Lsn,
+    current_timeline: u32,
     settings: &FailoverSettings,
     require_streaming: bool,
 ) -> Option<Rejection> {
@@ -199,6 +221,9 @@ fn rejection(
         _ if report.role != Role::Standby => Rejection::NotStandby,
         PodState::NotReady => Rejection::PodNotReady,
         _ if !report.postgres_ready => Rejection::PostgresNotReady,
+        _ if report.timeline < current_timeline => {
+            Rejection::OldTimeline { timeline: report.timeline, current: current_timeline }
+        }
         _ if require_streaming && !report.wal_receiver => Rejection::NotStreaming,
         // A streaming standby's reported position is the one it had when it started streaming
         // (positions are not republished while they advance), so its lag is unknown here; it
@@ -309,7 +334,10 @@ fn steady(
     if let Some(target) = observed.switchover_to.clone().filter(|target| *target != current) {
         let reason = match find(observed, &target) {
             None => Some(Rejection::UnknownInstance),
-            Some(instance) => rejection(instance, reference_lsn(observed), settings, true),
+            Some(instance) => {
+                let timeline = current_timeline(status, observed);
+                rejection(instance, reference_lsn(observed, timeline), timeline, settings, true)
+            }
         };
         if let Some(reason) = reason {
             return Decision { status: next, action: Action::SwitchoverRejected { target, reason } };
@@ -338,11 +366,12 @@ fn choose_candidate(
     });
     next.transition = Some(transition.clone());
     let waited = elapsed(transition.started_at, now);
-    let reference = reference_lsn(observed);
+    let timeline = current_timeline(status, observed);
+    let reference = reference_lsn(observed, timeline);
     let standbys = observed.instances.iter().filter(|instance| instance.name != transition.from);
     let (mut eligible, mut rejected) = (Vec::new(), Vec::new());
     for instance in standbys {
-        match rejection(instance, reference, settings, false) {
+        match rejection(instance, reference, timeline, settings, false) {
             None => eligible.push(instance),
             Some(reason) => rejected.push((instance.name.clone(), reason)),
         }

@@ -740,3 +740,30 @@ fn an_operator_restarting_at_any_step_of_a_failover_resumes_it() {
     let lost = decide(&promoting_status(TransitionKind::Failover, "db-1", 0), &vanished, &settings(0), at(600));
     assert_eq!(lost.action, Action::CandidateLost { target: "db-1".into(), reason: Rejection::PodGone });
 }
+
+#[test]
+fn a_standby_on_an_older_timeline_is_never_promoted_however_far_it_got() {
+    let old = || instance("db-0", PodState::Gone, None);
+    let mut status = pending_status(0);
+    status.timeline = Some(2);
+    let missed_a_promotion = instance("db-2", PodState::Ready, Some(standby_report(120 * MIB, false)));
+    let current = InstanceReport { timeline: 2, ..standby_report(100 * MIB, false) };
+    check(vec![
+        (
+            "the standby on the current timeline wins over a further one on timeline 1",
+            status.clone(),
+            observed(vec![old(), instance("db-1", PodState::Ready, Some(current)), missed_a_promotion.clone()]),
+            settings(0),
+            1,
+            Action::PromotionRequested { kind: TransitionKind::Failover, target: "db-1".into() },
+        ),
+        (
+            "alone, it is refused",
+            status,
+            observed(vec![old(), missed_a_promotion]),
+            settings(0),
+            1,
+            Action::NoCandidate { rejected: vec![("db-2".into(), Rejection::OldTimeline { timeline: 1, current: 2 })] },
+        ),
+    ]);
+}
