@@ -137,6 +137,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
             instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
         },
+        failover_timers: Default::default(),
     });
     let controller_task = tokio::spawn(run_while_leader(client, context, leader, shutdown.clone()));
     let _ = shutdown.wait_for(|stop| *stop).await;

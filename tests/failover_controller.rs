@@ -77,7 +77,13 @@ fn run(
     let mut status = database.status.clone().unwrap();
     let mut journal = Journal::default();
     let now = Utc.with_ymd_and_hms(2026, 12, 1, 0, 5, 0).unwrap();
-    let input = FailoverInput { pods: &pods, health: &health, lease: lease.as_ref(), rolling_switchover: None };
+    let input = FailoverInput {
+        pods: &pods,
+        health: &health,
+        lease: lease.as_ref(),
+        rolling_switchover: None,
+        timer_seen: None,
+    };
     let outcome = decide_failover(&database, &input, &mut status, &mut journal, now);
     (outcome, status, journal)
 }

@@ -280,6 +280,19 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
     store.client.delete_object(&key).await.unwrap();
     assert!(store.client.head_object(&key).await.unwrap().is_none(), "{key} still there after DeleteObject");
     store.client.delete_object(&key).await.unwrap();
+
+    // 7. An object without wal-archive's checksum (written by something else) is never restored.
+    let original = std::fs::read(postgres.pgdata.join("pg_wal").join(&segments[1])).unwrap();
+    let stranger = "0000000100000000000000FE";
+    store.client.put_object(&segment_key(stranger), original.into(), &[]).await.unwrap();
+    let output = Command::new(BINARY)
+        .args(["wal-restore", stranger, base.join("stranger").to_str().unwrap()])
+        .envs(store_environment(&endpoint))
+        .output()
+        .unwrap();
+    assert!(!output.status.success() && !base.join("stranger").exists(), "an unverified object was restored");
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("checksum"), "{message}");
     drop(client);
 }
 

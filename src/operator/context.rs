@@ -20,6 +20,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Tunables.
     pub settings: ControllerSettings,
+    /// Failover timers on this process's clock (kept across leadership terms).
+    pub failover_timers: crate::operator::database::failover::clock::TimerClock,
 }
 
 /// State of one leadership term: the caches are built when leadership starts and dropped when it ends.

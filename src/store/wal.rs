@@ -175,6 +175,13 @@ pub enum WalRestoreError {
         /// Checksum of what was downloaded.
         actual: String,
     },
+    /// The object has no checksum: `wal-archive` always stores one, so this object was written by
+    /// something else (another tool, a partial copy) and is never trusted.
+    #[error("{key} has no {SHA256_METADATA} checksum: it was not archived by wal-archive and is not restored")]
+    Unverified {
+        /// Object key.
+        key: String,
+    },
     /// Writing the file failed.
     #[error("write {path}: {error}")]
     Write {
@@ -197,12 +204,16 @@ pub async fn restore_file(
         .get_object(key, MAX_WAL_FILE_BYTES as usize)
         .await?
         .ok_or_else(|| WalRestoreError::NotFound { key: key.to_string() })?;
-    let expected = object.metadata.get(SHA256_METADATA).cloned();
+    let expected = object
+        .metadata
+        .get(SHA256_METADATA)
+        .cloned()
+        .ok_or_else(|| WalRestoreError::Unverified { key: key.to_string() })?;
     let content = tokio::task::spawn_blocking(move || compression.decompress(&object.body, MAX_WAL_FILE_BYTES))
         .await
         .map_err(|error| WalRestoreError::Write { path: destination.display().to_string(), error: error.into() })??;
     let actual = sha256_hex(&content);
-    if let Some(expected) = expected.filter(|expected| !expected.eq_ignore_ascii_case(&actual)) {
+    if !expected.eq_ignore_ascii_case(&actual) {
         return Err(WalRestoreError::Corrupt { key: key.to_string(), expected, actual });
     }
     let destination = destination.to_path_buf();

@@ -34,6 +34,9 @@ pub struct DecideInput<'a> {
     pub settings: &'a ControllerSettings,
     /// The time of this pass.
     pub now: DateTime<Utc>,
+    /// How long this process has seen the failover timer running in the stored status (see
+    /// [`crate::operator::database::failover::clock`]); None: judge it by `now`.
+    pub failover_timer_seen: Option<Duration>,
 }
 
 /// What decide wants done.
@@ -109,7 +112,7 @@ pub struct ClaimChange {
 
 /// Decides one pass.
 pub fn decide(input: &DecideInput) -> Decision {
-    let DecideInput { database, observed, settings, now } = *input;
+    let DecideInput { database, observed, settings, now, failover_timer_seen } = *input;
     let generation = database.metadata.generation.unwrap_or(0);
     let old_status = database.status.clone().unwrap_or_default();
     let mut status = old_status.clone();
@@ -149,7 +152,13 @@ pub fn decide(input: &DecideInput) -> Decision {
     };
     let failover = decide_failover(
         database,
-        &FailoverInput { pods: &observed.pods, health: &pods, lease, rolling_switchover },
+        &FailoverInput {
+            pods: &observed.pods,
+            health: &pods,
+            lease,
+            rolling_switchover,
+            timer_seen: failover_timer_seen,
+        },
         &mut status,
         &mut journal,
         now,

@@ -134,7 +134,13 @@ fn claim(ordinal: i32, created_seconds_ago: i64, owned: bool) -> Arc<PersistentV
 }
 
 fn run(database: &DatabaseService, observed: &Observed) -> Decision {
-    decide(&DecideInput { database, observed, settings: &ControllerSettings::default(), now: now() })
+    decide(&DecideInput {
+        database,
+        observed,
+        settings: &ControllerSettings::default(),
+        now: now(),
+        failover_timer_seen: None,
+    })
 }
 
 fn condition<'a>(decision: &'a Decision, kind: &str) -> Option<(&'a str, &'a str)> {
@@ -497,4 +503,44 @@ fn the_stateful_set_never_scales_away_the_primary_even_when_the_spec_asks() {
     let decision = run(&database, &observed);
     let replicas = decision.workload.as_ref().unwrap().inputs.replicas;
     assert_eq!(replicas, 3, "db-2 is the primary: ordinals 0..=2 stay");
+}
+
+#[test]
+fn a_switchover_timer_started_by_a_leader_with_a_clock_ahead_does_not_fire_at_once() {
+    let mut status = running_status("16.4");
+    status.failover.current_primary = Some("db-0".into());
+    status.failover.target_primary = Some("db-1".into());
+    status.failover.timeline = Some(1);
+    // Stored by a leader whose clock ran 40 s ahead: by this clock the 30 s timeout has passed.
+    status.failover.transition = Some(crate::api::failover::Transition {
+        kind: crate::api::failover::TransitionKind::Switchover,
+        from: "db-0".into(),
+        started_at: now() - Duration::seconds(40),
+    });
+    let database = database(2, Some(status));
+    let mut standby = (*pod(1, "postgres:16.4", PodState::Ready)).clone();
+    let report = json!({"role": "standby", "timeline": 1, "walReceiver": true, "postgresReady": true,
+                        "fenced": false, "diskFull": false, "receivedLsn": "0/3000000"});
+    standby.metadata.annotations =
+        Some([(crate::api::failover::INSTANCE_REPORT_ANNOTATION.to_string(), report.to_string())].into());
+    let observed = steady(&database, vec![primary_reporting_archiving(None), Arc::new(standby)]);
+    let decide_with = |seen| {
+        decide(&DecideInput {
+            database: &database,
+            observed: &observed,
+            settings: &ControllerSettings::default(),
+            now: now(),
+            failover_timer_seen: seen,
+        })
+    };
+    // Judged by this process's clock, which first saw the timer just now: still waiting.
+    let waiting = decide_with(Some(std::time::Duration::ZERO));
+    assert_eq!(waiting.status.failover.target_primary.as_deref(), Some("db-1"), "{:?}", waiting.status.failover);
+    assert!(waiting.status.failover.transition.is_some());
+    // Judged by comparing the wall clocks, it would have been abandoned at once.
+    let by_wall_clock = decide_with(None);
+    assert_eq!(by_wall_clock.status.failover.target_primary.as_deref(), Some("db-0"));
+    // Once this process has seen it for the whole timeout, it fires.
+    let timed_out = decide_with(Some(std::time::Duration::from_secs(30)));
+    assert_eq!(timed_out.status.failover.target_primary.as_deref(), Some("db-0"));
 }

@@ -9,6 +9,7 @@ use crate::operator::database::archiving::ArchivingHealth;
 use crate::operator::database::build::{desired, generate_password, NewPasswords};
 use crate::operator::database::decide::{credentials_conflict, decide, journal_applied, DecideInput};
 use crate::operator::database::error::ReconcileError;
+use crate::operator::database::failover::clock::running_timer;
 use crate::operator::database::observe::{from_caches, primary_lease, storage_classes};
 use crate::operator::journal::now;
 use crate::operator::publish::{publish, publish_applied};
@@ -69,7 +70,20 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     let mut observed = from_caches(database, &context.stores);
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
-    let mut decision = decide(&DecideInput { database, observed: &observed, settings: &context.shared.settings, now });
+    let uid = database.metadata.uid.clone().unwrap_or_default();
+    let timers = &context.shared.failover_timers;
+    let running = database.status.as_ref().and_then(|status| running_timer(&status.failover));
+    let failover_timer_seen = running.map(|since| timers.seen_for(&uid, since));
+    let mut decision = decide(&DecideInput {
+        database,
+        observed: &observed,
+        settings: &context.shared.settings,
+        now,
+        failover_timer_seen,
+    });
+    if let Some(started) = running_timer(&decision.status.failover).filter(|started| Some(*started) != running) {
+        timers.started(&uid, started);
+    }
     record_archiving(database, &decision.archiving, context);
     if !context.may_write() {
         return Err(ReconcileError::StepDown);

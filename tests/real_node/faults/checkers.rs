@@ -8,7 +8,7 @@
 
 use crate::environment::RealNode;
 use crate::failover::DATABASE;
-use crate::support::{eventually, kubectl};
+use crate::support::eventually;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::Api;
@@ -81,9 +81,14 @@ pub struct PinnedCommit {
     pub timeline: u32,
 }
 
-/// The pinned writer's acknowledged commits so far.
+/// The pinned writer's acknowledged commits so far (none while its container starts).
 pub fn pinned_log(namespace: &str) -> Vec<PinnedCommit> {
-    parse_pinned(&kubectl(&["-n", namespace, "logs", PINNED_WRITER]))
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "logs", PINNED_WRITER])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs");
+    parse_pinned(&String::from_utf8_lossy(&output.stdout))
 }
 
 fn parse_pinned(text: &str) -> Vec<PinnedCommit> {

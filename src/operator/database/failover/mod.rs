@@ -7,6 +7,7 @@
 //!
 //! Design and reasons: docs/failover.md.
 
+pub mod clock;
 pub mod decide;
 pub mod pass;
 

@@ -13,7 +13,7 @@ use crate::api::failover::{
     INSTANCE_REPORT_ANNOTATION, PENDING, SWITCHOVER_ANNOTATION,
 };
 use crate::lease::LeaseRecord;
-use crate::operator::database::failover::{self, Action};
+use crate::operator::database::failover::{self, clock, Action};
 use crate::operator::database::pod_health::PodHealth;
 use crate::operator::journal::Journal;
 use crate::operator::ledger::LedgerEntry;
@@ -153,6 +153,8 @@ pub struct FailoverInput<'a> {
     pub lease: Option<&'a LeaseRecord>,
     /// A switchover the rolling update asks for (only the primary is left on an old revision).
     pub rolling_switchover: Option<String>,
+    /// How long this process has seen the running failover timer (None: judge it by `now`).
+    pub timer_seen: Option<Duration>,
 }
 
 /// Decides the failover step of one pass: updates `status` (failover fields and instances) and
@@ -207,7 +209,12 @@ pub fn decide_failover(
     let switchover_to = request.clone().or_else(|| input.rolling_switchover.clone());
     let observed = failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to };
     let settings = database.spec.failover_settings();
-    let decision = failover::decide(&current, &observed, &settings, now);
+    // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
+    let judged_at = match (clock::running_timer(&current), input.timer_seen) {
+        (Some(since), Some(seen)) => clock::judged_at(since, seen),
+        _ => now,
+    };
+    let decision = failover::decide(&current, &observed, &settings, judged_at);
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
     tell(
