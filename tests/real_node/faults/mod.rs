@@ -10,6 +10,7 @@ mod checkers;
 mod host;
 mod network;
 mod stalls;
+mod store;
 mod topology;
 
 use crate::environment::{
@@ -53,6 +54,11 @@ impl Bed {
     /// A database of `instances` on the real node with both writers committing; None when the
     /// test skips (no real node outside CI).
     pub async fn start(fault: &str, instances: usize) -> Option<Bed> {
+        Bed::start_with(fault, instances, None).await
+    }
+
+    /// Like [`Bed::start`], with WAL archiving into `store` (an endpoint the pods reach).
+    pub async fn start_with(fault: &str, instances: usize, store: Option<&str>) -> Option<Bed> {
         let node = real_node_or_skip(fault)?;
         let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
         install_chart(node);
@@ -60,7 +66,12 @@ impl Bed {
         let namespace = real_namespace(&client, "fault").await;
         let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
         let replicas = i32::try_from(instances).expect("a few instances");
-        databases.create(&PostParams::default(), &real_database(node, DATABASE, replicas, "Delete")).await.unwrap();
+        let mut database = real_database(node, DATABASE, replicas, "Delete");
+        if let Some(endpoint) = store {
+            crate::support::create_store_secret(&client, &namespace.name).await;
+            database.spec.backup = Some(crate::backups::archiving(endpoint, &namespace.name));
+        }
+        databases.create(&PostParams::default(), &database).await.unwrap();
         wait_running(&client, &namespace.name, DATABASE, replicas, Duration::from_secs(300)).await;
         let bed = Bed { client, node, namespace, instances, _slot: slot };
         bed.primary().await;
@@ -77,6 +88,19 @@ impl Bed {
     /// The DatabaseServices of its namespace.
     pub fn databases(&self) -> Api<DatabaseService> {
         Api::namespaced(self.client.clone(), self.ns())
+    }
+
+    /// Asks for a switchover to `target` (the annotation a person sets).
+    pub async fn request_switchover(&self, target: &str) {
+        let annotation = dbservice_operator::api::failover::SWITCHOVER_ANNOTATION;
+        let patch = kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {annotation: target}}}));
+        self.databases().patch(DATABASE, &kube::api::PatchParams::default(), &patch).await.unwrap();
+    }
+
+    /// The other instance of a two-instance database.
+    pub fn other_than(&self, primary: &str) -> String {
+        let ordinal = if primary.ends_with("-0") { 1 } else { 0 };
+        format!("{DATABASE}-{ordinal}")
     }
 
     /// Waits for one primary behind the Service and every other instance streaming; its name.

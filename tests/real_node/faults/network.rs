@@ -1,4 +1,5 @@
-//! Network faults: the primary cut off from the API server while its clients still reach it.
+//! Network faults: the primary cut off from the API server while its clients still reach it, and
+//! a replication link too slow for a switchover's shutdown.
 
 use super::host;
 use super::Bed;
@@ -60,5 +61,54 @@ async fn a_primary_cut_off_from_the_api_server_fences_itself_before_a_standby_is
     );
     assert!(fenced <= Duration::from_secs(12), "fenced only after {fenced:?}");
     assert!(promoted > fenced, "promoted at {promoted:?}, before the fence at {fenced:?}");
+    assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+}
+
+fn throttle_server(pid: u32, action: &str) {
+    let limit = ["-p", "tcp", "--sport", "5432", "-m", "limit", "--limit", "20/second", "--limit-burst", "20"];
+    host::in_network_of(pid, &[&["iptables", action, "OUTPUT"][..], &limit[..], &["-j", "ACCEPT"]].concat());
+    host::in_network_of(pid, &["iptables", action, "OUTPUT", "-p", "tcp", "--sport", "5432", "-j", "DROP"]);
+}
+
+#[tokio::test]
+async fn a_switchover_over_a_throttled_replication_link_loses_no_acknowledged_commit() {
+    let fault = "switchover while the primary's replication link is throttled (20 packets/s)";
+    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let primary = bed.primary().await;
+    let target = bed.other_than(&primary);
+    let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");
+    // What the server sends from port 5432 is throttled to 20 packets/s (about 30 kB/s): its WAL
+    // stream to the standby, and its answers to clients; not the agent's API calls. A few MB of WAL
+    // then take minutes to reach the standby, longer than any shutdown may take. (No `prio` qdisc
+    // in this kernel to shape one port with `tc`: iptables' limit match drops the excess instead.)
+    throttle_server(agent.pid, "-A");
+    crate::failover::exec_in(
+        bed.ns(),
+        &primary,
+        "psql -X -q -h /var/run/postgresql -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\" \
+         -c \"create table filler as select n, repeat('x', 200) as payload from generate_series(1, 20000) n\"",
+    );
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    bed.request_switchover(&target).await;
+    // Either it completes (the standby got every commit first) or it is abandoned with the old
+    // primary primary again; the link heals once the database has settled one way or the other.
+    let outcome_primary = eventually("the switchover to complete or be abandoned", SETTLE_TIMEOUT, || async {
+        let database = bed.databases().get(crate::failover::DATABASE).await.ok()?;
+        let requested = database.metadata.annotations.unwrap_or_default();
+        let failover = database.status?.failover;
+        let settled = failover.current_primary == failover.target_primary && failover.transition.is_none();
+        (settled && !requested.contains_key(dbservice_operator::api::failover::SWITCHOVER_ANNOTATION))
+            .then_some(failover.current_primary?)
+    })
+    .await;
+    if let Some(agent) = host::agent(bed.ns(), &primary).filter(|now| now.pid == agent.pid) {
+        throttle_server(agent.pid, "-D");
+    }
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    eprintln!(
+        "[figure] {fault}: {}",
+        if outcome_primary == target { "completed" } else { "abandoned, the old primary is primary again" }
+    );
+    assert_eq!(outcome.lost, 0, "a switchover lost acknowledged commits: {outcome:?}");
     assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
 }
