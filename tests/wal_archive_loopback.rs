@@ -293,6 +293,22 @@ async fn wal_archive_survives_a_store_outage_and_restores_byte_for_byte() {
     assert!(!output.status.success() && !base.join("stranger").exists(), "an unverified object was restored");
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("checksum"), "{message}");
+
+    // 8. Another database system (a re-created DatabaseService) never archives into this place.
+    let other = sandbox.initdb("other");
+    let first_segment = std::fs::read_dir(other.join("pg_wal"))
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .find(|name| name.len() == 24)
+        .expect("initdb wrote a first segment");
+    let output = Command::new(BINARY)
+        .args(["wal-archive", other.join("pg_wal").join(&first_segment).to_str().unwrap(), &first_segment])
+        .envs(store_environment(&endpoint))
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "another system archived into this archive");
+    assert!(message.contains("belongs to database system"), "{message}");
     drop(client);
 }
 

@@ -18,6 +18,7 @@ pub mod config;
 pub mod inventory;
 pub mod keys;
 pub mod manifest;
+pub mod owner;
 pub mod restore;
 pub mod retention;
 pub mod selection;

@@ -67,6 +67,9 @@ pub enum WalArchiveError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The archive belongs to another database system, or its owner could not be checked.
+    #[error(transparent)]
+    Owner(#[from] crate::store::owner::ArchiveOwnerError),
     /// A different file with this name is already archived.
     #[error(
         "{key} already exists with different content (stored sha256 {stored}, local {local}); refusing to overwrite"
@@ -135,6 +138,7 @@ pub async fn archive_file(
 pub async fn archive_command(args: WalArchiveArgs) -> Result<(), WalArchiveError> {
     let name = WalFileName::parse(&args.file_name)?;
     let (client, layout) = args.store.connect()?;
+    crate::store::owner::check_owner(&client, &layout, &crate::store::owner::data_directory_of(&args.wal_path)).await?;
     let key = layout.wal_key(&name, args.store.compression);
     let outcome = archive_file(&client, &key, &args.wal_path, args.store.compression).await?;
     if outcome == ArchiveOutcome::AlreadyArchived {

@@ -33,7 +33,7 @@ pin() {
     sleep 0.3
   done
 }
-for ordinal in $(seq 0 $((INSTANCES - 1))); do pin "$DATABASE-$ordinal" & done
+for ((ordinal = 0; ordinal < INSTANCES; ordinal++)); do pin "$DATABASE-$ordinal" & done
 wait
 "#;
 
