@@ -152,6 +152,30 @@ async fn invalid_update_is_denied_with_the_update_rule() {
 }
 
 #[tokio::test]
+async fn a_scale_down_past_the_primary_named_in_the_old_status_is_denied() {
+    let metrics = Arc::new(Metrics::new());
+    let mut old_spec = complete_spec();
+    old_spec["replicas"] = json!(3);
+    old_spec["resources"] = json!({"requests": {"cpu": "100m"}});
+    let mut old = database(old_spec.clone());
+    old["status"] = json!({"currentPrimary": "orders-2", "targetPrimary": "orders-2", "timeline": 3,
+                           "instances": [{"name": "orders-2", "role": "primary", "ready": true}], "phase": "Running"});
+    let mut new_spec = old_spec;
+    new_spec["replicas"] = json!(2);
+    let response =
+        admit(router(&metrics), "/validate", &review("UPDATE", Some(database(new_spec.clone())), Some(old.clone())))
+            .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.contains("would remove orders-2, the primary"), "{message}");
+    // With the primary on a kept ordinal, the same scale-down is allowed.
+    old["status"]["currentPrimary"] = json!("orders-1");
+    old["status"]["targetPrimary"] = json!("orders-1");
+    let response = admit(router(&metrics), "/validate", &review("UPDATE", Some(database(new_spec)), Some(old))).await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+
+#[tokio::test]
 async fn warnings_are_returned_with_an_allowed_answer() {
     let metrics = Arc::new(Metrics::new());
     let mut spec = complete_spec();

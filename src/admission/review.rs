@@ -5,7 +5,8 @@
 //! ever built (an 8 MiB array inside an object used to cost ~280 MiB of RSS that way), and a
 //! malformed spec becomes a denial with the request's uid rather than an anonymous 400.
 
-use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, GROUP};
+use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, DatabaseServiceStatus, GROUP};
+use crate::api::failover::FailoverStatus;
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::ObjectMeta;
@@ -187,13 +188,34 @@ impl Request<'_> {
 
 /// A DatabaseService whose metadata may be missing: the mutating webhook runs before schema
 /// validation, and such an object still gets its defaults (and a patch that creates metadata).
-/// Its status, like any unknown field, is skipped unparsed: admission rules read the spec and
-/// metadata only.
+/// Of its status only the primary's names are read (a scale-down must not remove the primary);
+/// the rest, like any unknown field, is skipped unparsed.
 #[derive(Deserialize)]
 struct Object {
     #[serde(default)]
     metadata: AdmittedMetadata,
     spec: DatabaseServiceSpec,
+    #[serde(default)]
+    status: Option<AdmittedStatus>,
+}
+
+/// The part of the status admission reads.
+#[derive(Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct AdmittedStatus {
+    current_primary: Option<String>,
+    target_primary: Option<String>,
+}
+
+impl From<AdmittedStatus> for DatabaseServiceStatus {
+    fn from(status: AdmittedStatus) -> Self {
+        let failover = FailoverStatus {
+            current_primary: status.current_primary,
+            target_primary: status.target_primary,
+            ..Default::default()
+        };
+        DatabaseServiceStatus { failover, ..Default::default() }
+    }
 }
 
 /// The metadata of an admitted object without `managedFields`, which are skipped unparsed: in an
@@ -245,7 +267,9 @@ fn parse_object(raw: Option<&RawValue>, field: &str) -> Result<Option<DatabaseSe
         return Ok(None);
     };
     serde_json::from_str::<Object>(raw.get())
-        .map(|Object { metadata, spec }| Some(DatabaseService { metadata: metadata.into(), spec, status: None }))
+        .map(|Object { metadata, spec, status }| {
+            Some(DatabaseService { metadata: metadata.into(), spec, status: status.map(Into::into) })
+        })
         .map_err(|error| Refusal::Malformed(format!("{field}: Invalid value: {error}")))
 }
 

@@ -328,7 +328,15 @@ impl<C: ControlPlane> Agent<C> {
                     }
                 }
             }
-            LocalState::Down => self.start_when_allowed(&desired).await?,
+            LocalState::Down => {
+                if self.role == Some(Role::Primary) && target_other {
+                    // Stopped (crashed, or killed by the fence watchdog) while another instance
+                    // is wanted: nothing of it runs, so the Lease is freed now instead of being
+                    // left to expire, which cost a whole Lease duration of the failover.
+                    self.release_lease(None).await?;
+                }
+                self.start_when_allowed(&desired).await?
+            }
         }
         self.publish(&local).await
     }

@@ -14,10 +14,11 @@ fn api_server_addresses() -> Vec<(String, String)> {
         "-n",
         "default",
         "get",
-        "endpoints",
-        "kubernetes",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=kubernetes",
         "-o",
-        "jsonpath={.subsets[0].addresses[0].ip} {.subsets[0].ports[0].port}",
+        "jsonpath={.items[0].endpoints[0].addresses[0]} {.items[0].ports[0].port}",
     ]);
     let (address, port) = endpoint.trim().split_once(' ').expect("the kubernetes Service has an endpoint");
     vec![(service.trim().to_string(), "443".to_string()), (address.to_string(), port.to_string())]
