@@ -362,11 +362,11 @@ mod tests {
     }
 
     #[test]
-    fn managed_fields_and_status_are_skipped_and_the_rest_of_the_metadata_is_kept() {
+    fn managed_fields_and_status_are_skipped_but_the_primary_and_the_rest_of_the_metadata_are_kept() {
         let body = review(
             serde_json::json!({"name": "db", "namespace": "shop", "finalizers": ["a"], "labels": {"team": "x"},
                                "managedFields": "not even a list", "deletionTimestamp": "2026-12-01T00:00:00Z"}),
-            serde_json::json!({"phase": 42}),
+            serde_json::json!({"phase": 42, "conditions": "not even a list", "currentPrimary": "db-1"}),
         );
         let request = parse_request(&body).unwrap();
         let object = request.admission().unwrap().object.unwrap();
@@ -375,7 +375,10 @@ mod tests {
         assert_eq!(object.metadata.finalizers, Some(vec!["a".to_string()]));
         assert_eq!(object.metadata.labels.unwrap()["team"], "x");
         assert!(object.metadata.deletion_timestamp.is_some());
-        assert!(object.metadata.managed_fields.is_none() && object.status.is_none());
+        assert!(object.metadata.managed_fields.is_none());
+        let status = object.status.expect("the primary's names are read");
+        assert_eq!(status.failover.current_primary.as_deref(), Some("db-1"));
+        assert_eq!(status.phase, None, "the rest of the status is skipped unparsed");
     }
 
     #[test]
