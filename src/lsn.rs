@@ -80,6 +80,17 @@ pub fn last_needed_wal_file(timeline: u32, end: Lsn, segment_size: u64) -> Strin
     wal_file_name(timeline, Lsn(end.0.saturating_sub(1)), segment_size)
 }
 
+/// Every segment name of `timeline` from the one holding `begin` to the one holding the byte
+/// before `end` (what a backup between them needs from the archive), at most `limit` of them.
+pub fn wal_file_names_between(timeline: u32, begin: Lsn, end: Lsn, segment_size: u64, limit: usize) -> Vec<String> {
+    let first = begin.0 / segment_size;
+    let last = end.0.saturating_sub(1).max(begin.0) / segment_size;
+    (first..=last)
+        .take(limit)
+        .map(|segment| wal_file_name(timeline, Lsn(segment * segment_size), segment_size))
+        .collect()
+}
+
 /// (timeline, position) of a WAL segment name (the first 24 characters of any WAL file name),
 /// where position orders segments within and across timelines' shared LSN space.
 pub fn segment_position(name: &str) -> Option<(u32, u64)> {
@@ -118,6 +129,24 @@ mod tests {
         assert_eq!(last_needed_wal_file(1, "0/4000000".parse().unwrap(), SIXTEEN_MIB), "000000010000000000000003");
         assert_eq!(last_needed_wal_file(1, "0/4000001".parse().unwrap(), SIXTEEN_MIB), "000000010000000000000004");
         assert_eq!(wal_file_name(1, "0/3000000".parse().unwrap(), 64 * 1024 * 1024), "000000010000000000000000");
+    }
+
+    #[test]
+    fn a_backup_needs_every_segment_from_its_begin_to_its_end() {
+        let names =
+            wal_file_names_between(1, "0/FE000028".parse().unwrap(), "1/1000100".parse().unwrap(), SIXTEEN_MIB, 100);
+        assert_eq!(
+            names,
+            [
+                "0000000100000000000000FE",
+                "0000000100000000000000FF",
+                "000000010000000100000000",
+                "000000010000000100000001"
+            ]
+        );
+        let one =
+            wal_file_names_between(2, "0/3000028".parse().unwrap(), "0/3000100".parse().unwrap(), SIXTEEN_MIB, 100);
+        assert_eq!(one, ["000000020000000000000003"]);
     }
 
     #[test]

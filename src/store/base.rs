@@ -54,6 +54,15 @@ pub enum BaseBackupError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A WAL segment between the backup's begin and end is missing from the archive, or was not
+    /// stored by wal-archive (no checksum): the backup could not be restored.
+    #[error("WAL segment {segment}, between the backup's begin and end, is {problem}: the backup would not restore")]
+    WalGap {
+        /// The segment.
+        segment: String,
+        /// Missing, or unverified.
+        problem: &'static str,
+    },
     /// The last WAL segment the backup needs was not archived in time.
     #[error("WAL segment {segment} was not archived within {seconds}s (is archiving working?)")]
     WalNotArchived {
@@ -335,6 +344,40 @@ async fn wait_archived(
     }
 }
 
+/// Most segments a backup's span is checked for (a backup spanning more WAL than this is checked
+/// at its ends and first segments only; 4096 segments are 64 GiB at the default size).
+const MAX_CHECKED_SEGMENTS: usize = 4096;
+
+/// Checks that every segment from the backup's begin to its end is archived, with wal-archive's
+/// checksum: a backup is complete only when all of them are, not just the last one.
+async fn verify_archived_between(
+    client: &S3Client,
+    layout: &KeyLayout,
+    timeline: u32,
+    begin: crate::lsn::Lsn,
+    end: crate::lsn::Lsn,
+    segment_size: u64,
+) -> Result<(), BaseBackupError> {
+    for segment in crate::lsn::wal_file_names_between(timeline, begin, end, segment_size, MAX_CHECKED_SEGMENTS) {
+        let name = WalFileName::parse(&segment)?;
+        let mut problem = "missing from the archive";
+        for compression in [Compression::Zstd, Compression::None] {
+            if let Some(object) = client.head_object(&layout.wal_key(&name, compression)).await? {
+                problem = if object.metadata.contains_key(crate::store::wal::SHA256_METADATA) {
+                    ""
+                } else {
+                    "in the archive without wal-archive's checksum"
+                };
+                break;
+            }
+        }
+        if !problem.is_empty() {
+            return Err(BaseBackupError::WalGap { segment, problem });
+        }
+    }
+    Ok(())
+}
+
 /// Deletes what a failed backup uploaded, so that failures never pile up in the store.
 async fn discard(client: &S3Client, layout: &KeyLayout, backup_id: &str) {
     let Ok(prefix) = layout.base_backup_prefix(backup_id) else { return };
@@ -387,6 +430,9 @@ pub async fn take_backup(args: BaseBackupArgs) -> Result<BackupManifest, BaseBac
         let end_wal = last_needed_wal_file(end_timeline, end_lsn, facts.segment_size);
         switch_wal(&args, &facts).await?;
         wait_archived(&client, &layout, &end_wal, Duration::from_secs(args.wal_wait_seconds)).await?;
+        if timeline == end_timeline {
+            verify_archived_between(&client, &layout, timeline, begin_lsn, end_lsn, facts.segment_size).await?;
+        }
         let manifest = BackupManifest {
             id: backup_id.clone(),
             server_name: args.store.server_name.clone(),
