@@ -299,12 +299,15 @@ fn steady(
         };
     }
     let returning = status.transition.as_ref().filter(|transition| {
-        transition.kind == TransitionKind::Switchover
-            && transition.from == current
-            && elapsed(transition.started_at, now) < settings.switchover_timeout
+        let timeout = match transition.kind {
+            TransitionKind::Switchover => settings.switchover_timeout,
+            TransitionKind::Failover => settings.candidate_timeout,
+        };
+        transition.from == current && elapsed(transition.started_at, now) < timeout
     });
-    if let Some(returning) = returning.filter(|_| !healthy && primary.is_some_and(|old| old.pod != PodState::Gone)) {
-        // An abandoned switchover gave a stopped primary its place back: it restarts, no failover.
+    if let Some(returning) = returning.filter(|_| !healthy) {
+        // An abandoned change gave the old primary its place back: it restarts (its pod may be
+        // coming back), and no failover starts meanwhile.
         next.transition = Some(returning.clone());
         return Decision { status: next, action: Action::WaitingForPromotion { target: current } };
     }
@@ -418,10 +421,13 @@ fn choose_candidate(
     Decision { status: next, action: Action::NoCandidate { rejected } }
 }
 
-/// Gives the old primary back its place; the failover is retried after another delay.
+/// Gives the old primary back its place, with a returning transition: its agent may restart it
+/// (its pod may be coming back), and a new failover waits until the candidate timeout has passed
+/// again (see `steady`); without it, a failover with no candidate would start again at once and
+/// keep the old primary from ever starting (seen with two primaries lost within seconds).
 fn abandon(mut next: FailoverStatus, transition: Transition, reason: String, now: DateTime<Utc>) -> Decision {
-    next.target_primary = Some(transition.from);
-    next.transition = None;
+    next.target_primary = Some(transition.from.clone());
+    next.transition = Some(Transition { kind: TransitionKind::Failover, from: transition.from, started_at: now });
     next.primary_failing_since = Some(now);
     Decision { status: next, action: Action::TransitionAbandoned { kind: TransitionKind::Failover, reason } }
 }

@@ -316,9 +316,19 @@ fn pending_and_abandoned_failovers() {
     assert_eq!(abandoned.status.target_primary.as_deref(), Some("db-0"));
     assert_eq!(abandoned.status.current_primary.as_deref(), Some("db-0"));
     assert_eq!(abandoned.status.primary_failing_since, Some(at(60)), "the retry waits another delay");
-    // With a 30 s delay, the next attempt comes 30 s after the abandon, not at once.
-    let retry = decide(&abandoned.status, &lagging(), &settings(30), at(70));
-    assert_eq!(retry.action, Action::PrimaryFailing { primary: "db-0".into(), failover_in: Duration::from_secs(20) });
+    let returning = abandoned.status.transition.clone().expect("the old primary returns");
+    assert_eq!((returning.kind, returning.from.as_str()), (TransitionKind::Failover, "db-0"));
+    // The old primary gets a candidate timeout to come back (its agent restarts it as the target);
+    // no new failover meanwhile, whatever the delay (it used to start again at once with delay 0,
+    // so that the old primary, no longer the target, never restarted).
+    let waiting = decide(&abandoned.status, &lagging(), &settings(0), at(70));
+    assert_eq!(waiting.action, Action::WaitingForPromotion { target: "db-0".into() });
+    assert_eq!(waiting.status, abandoned.status, "nothing to write while it returns");
+    // Then the failover is tried again, after the delay counted from the abandon.
+    let retry = decide(&abandoned.status, &lagging(), &settings(30), at(121));
+    assert!(matches!(retry.action, Action::FailoverStarted { .. }), "{retry:?}");
+    let early = decide(&abandoned.status, &lagging(), &settings(90), at(121));
+    assert_eq!(early.action, Action::PrimaryFailing { primary: "db-0".into(), failover_in: Duration::from_secs(29) });
 
     // A chosen candidate that disappears before promoting sends the failover back to pending.
     let target_gone = observed(vec![instance("db-0", PodState::Gone, None), instance("db-1", PodState::Gone, None)]);
