@@ -7,7 +7,7 @@ use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
 use crate::instance::standby::{self, StandbyError};
-use crate::instance::watchdog::{self, FenceFile};
+use crate::instance::watchdog::{FenceFile, Watchdog};
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
@@ -81,54 +81,6 @@ pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_sec
 
 /// Name of the fence watchdog's file in the socket directory.
 pub const FENCE_FILE: &str = "dbservice-fence";
-
-/// The fence watchdog: its own process in a pod, a thread in tests (see [`watchdog`]).
-enum Watchdog {
-    Process(std::process::Child),
-    Thread(std::thread::JoinHandle<()>, std::sync::Arc<std::sync::atomic::AtomicBool>),
-}
-
-impl Watchdog {
-    fn start(binary: Option<&std::path::Path>, file: &std::path::Path) -> std::io::Result<Watchdog> {
-        match binary {
-            Some(binary) => std::process::Command::new(binary)
-                .args(["instance", "watchdog", "--fence-file"])
-                .arg(file)
-                .stdin(std::process::Stdio::null())
-                .spawn()
-                .map(Watchdog::Process),
-            None => {
-                let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-                let keep_going = running.clone();
-                let file = file.to_path_buf();
-                let thread = std::thread::Builder::new()
-                    .name("fence-watchdog".into())
-                    .spawn(move || watchdog::watch(&file, || keep_going.load(std::sync::atomic::Ordering::Relaxed)))?;
-                Ok(Watchdog::Thread(thread, running))
-            }
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        match self {
-            Watchdog::Process(child) => matches!(child.try_wait(), Ok(None)),
-            Watchdog::Thread(thread, _) => !thread.is_finished(),
-        }
-    }
-
-    fn stop(self) {
-        match self {
-            Watchdog::Process(mut child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            Watchdog::Thread(thread, running) => {
-                running.store(false, std::sync::atomic::Ordering::Relaxed);
-                let _ = thread.join();
-            }
-        }
-    }
-}
 
 /// Fewest health queries that must fail in a row before the server counts as not ready (with
 /// [`crate::instance::InstanceConfig::unresponsive_after`] elapsed since the first).
@@ -244,15 +196,7 @@ impl<C: ControlPlane> Agent<C> {
         // Without the API the target is unknown: a primary keeps its course until its lease
         // deadline, a stopped former primary stays down.
         let desired = self.control_plane.desired().await.unwrap_or_default();
-        let mut local = self.postgres.observe().await;
-        if let (LocalState::Ready(sample), Some(last)) = (&mut local, &self.last_sample) {
-            // A standby that stops streaming reads its timeline from its last restartpoint, which
-            // may predate the timeline it followed: the failover would take it for one that
-            // missed a promotion. Its timeline never goes back while it replays.
-            if sample.in_recovery && last.in_recovery {
-                sample.timeline = sample.timeline.max(last.timeline);
-            }
-        }
+        let local = self.observe().await;
         if self.stalling(&local) {
             // Not yet unresponsive for long: nothing is published or changed; a primary renews
             // nothing either (its server did not answer), so its fence deadline still runs.
@@ -294,7 +238,20 @@ impl<C: ControlPlane> Agent<C> {
             return self.publish(&LocalState::Down).await;
         }
         self.fenced_by_hand = false;
-        match &local {
+        self.act(&local, &desired, target_me, target_other).await?;
+        self.publish(&local).await
+    }
+
+    /// Carries out what the operator wants, given what the local server is doing.
+    async fn act(
+        &mut self,
+        local: &LocalState,
+        desired: &Desired,
+        target_me: bool,
+        target_other: bool,
+    ) -> Result<(), AgentError> {
+        let me = self.config.name.clone();
+        match local {
             LocalState::Ready(sample) if !sample.in_recovery => {
                 self.shutdown_checkpoint = None;
                 if target_other {
@@ -335,10 +292,23 @@ impl<C: ControlPlane> Agent<C> {
                     // left to expire, which cost a whole Lease duration of the failover.
                     self.release_lease(None).await?;
                 }
-                self.start_when_allowed(&desired).await?
+                self.start_when_allowed(desired).await?
             }
         }
-        self.publish(&local).await
+        Ok(())
+    }
+
+    /// One health query. A standby that stops streaming reads its timeline from its last
+    /// restartpoint, which may predate the timeline it followed: the failover would take it for
+    /// one that missed a promotion. Its timeline never goes back while it replays.
+    async fn observe(&mut self) -> LocalState {
+        let mut local = self.postgres.observe().await;
+        if let (LocalState::Ready(sample), Some(last)) = (&mut local, &self.last_sample) {
+            if sample.in_recovery && last.in_recovery {
+                sample.timeline = sample.timeline.max(last.timeline);
+            }
+        }
+        local
     }
 
     /// Whether `local` is a failed health query within the grace of a stall: fewer than

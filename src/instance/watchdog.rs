@@ -153,6 +153,59 @@ pub fn run_process(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A running fence watchdog: its own process in a pod, a thread in tests that run agents in-process.
+pub enum Watchdog {
+    /// `instance watchdog`, a child process.
+    Process(std::process::Child),
+    /// A thread of this process, and the flag that stops it.
+    Thread(std::thread::JoinHandle<()>, std::sync::Arc<std::sync::atomic::AtomicBool>),
+}
+
+impl Watchdog {
+    /// Starts one on `file`: as `binary instance watchdog`, or as a thread without a binary.
+    pub fn start(binary: Option<&std::path::Path>, file: &std::path::Path) -> std::io::Result<Watchdog> {
+        match binary {
+            Some(binary) => std::process::Command::new(binary)
+                .args(["instance", "watchdog", "--fence-file"])
+                .arg(file)
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map(Watchdog::Process),
+            None => {
+                let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+                let keep_going = running.clone();
+                let file = file.to_path_buf();
+                let thread = std::thread::Builder::new()
+                    .name("fence-watchdog".into())
+                    .spawn(move || watch(&file, || keep_going.load(std::sync::atomic::Ordering::Relaxed)))?;
+                Ok(Watchdog::Thread(thread, running))
+            }
+        }
+    }
+
+    /// Whether it still runs (a process that ended is reaped).
+    pub fn running(&mut self) -> bool {
+        match self {
+            Watchdog::Process(child) => matches!(child.try_wait(), Ok(None)),
+            Watchdog::Thread(thread, _) => !thread.is_finished(),
+        }
+    }
+
+    /// Stops it.
+    pub fn stop(self) {
+        match self {
+            Watchdog::Process(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Watchdog::Thread(thread, running) => {
+                running.store(false, std::sync::atomic::Ordering::Relaxed);
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -66,10 +66,31 @@ pub fn parse(text: &str) -> Vec<LedgerEntry> {
     text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
 }
 
+/// The timeline a primary change's outcome names (`... timeline 3`): each promotion has its own.
+fn promotion_timeline(entry: &LedgerEntry) -> Option<&str> {
+    let promotion = matches!(entry.action.as_str(), "Failover" | "Switchover");
+    promotion.then(|| entry.outcome.rsplit_once("timeline ").map(|(_, timeline)| timeline)).flatten()
+}
+
+/// Whether `entry` records a primary change the ledger holds already. The ledger append is not
+/// atomic with the status write: a pass whose status write was refused (a leader that lost its
+/// term, a conflict) is decided again, and a promotion must not be recorded twice.
+fn recorded(existing: &[LedgerEntry], entry: &LedgerEntry) -> bool {
+    let Some(timeline) = promotion_timeline(entry) else { return false };
+    existing.iter().any(|old| {
+        old.action == entry.action
+            && old.from == entry.from
+            && old.to == entry.to
+            && promotion_timeline(old) == Some(timeline)
+    })
+}
+
 /// Appends and trims: at most [`MAX_ENTRIES`] entries and [`MAX_BYTES`] bytes, oldest first out.
 pub fn append(existing: &str, new_entries: &[LedgerEntry]) -> String {
     let mut lines: Vec<String> = existing.lines().filter(|line| !line.trim().is_empty()).map(str::to_string).collect();
-    lines.extend(new_entries.iter().map(|entry| serde_json::to_string(entry).expect("entries serialize")));
+    let stored = parse(existing);
+    let fresh = new_entries.iter().filter(|entry| !recorded(&stored, entry));
+    lines.extend(fresh.map(|entry| serde_json::to_string(entry).expect("entries serialize")));
     let mut total: usize = lines.iter().map(|line| line.len() + 1).sum();
     let mut drop = lines.len().saturating_sub(MAX_ENTRIES);
     total -= lines.iter().take(drop).map(|line| line.len() + 1).sum::<usize>();
@@ -126,6 +147,21 @@ pub fn render_table(entries: &[LedgerEntry]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_promotion_decided_again_is_recorded_once() {
+        let failover = |timeline: u32, seconds: &str| {
+            LedgerEntry::now(1, "Failover", "ha-0", "ha-1", format!("completed in {seconds}, timeline {timeline}"))
+        };
+        let once = append("", &[failover(6, "3.1s")]);
+        let again = append(&once, &[failover(6, "0.0s")]);
+        assert_eq!(parse(&again).len(), 1, "{again}");
+        // Another promotion between the same instances has another timeline: recorded.
+        assert_eq!(parse(&append(&again, &[failover(8, "2.0s")])).len(), 2);
+        // Other entries are never deduplicated.
+        let restart = LedgerEntry::now(1, "Restarted", "", "", "restart 1");
+        assert_eq!(parse(&append(&append("", std::slice::from_ref(&restart)), &[restart])).len(), 2);
+    }
     use super::*;
 
     fn entry(index: usize) -> LedgerEntry {

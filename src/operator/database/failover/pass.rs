@@ -214,7 +214,12 @@ pub fn decide_failover(
         (Some(since), Some(seen)) => clock::judged_at(since, seen),
         _ => now,
     };
-    let decision = failover::decide(&current, &observed, &settings, judged_at);
+    let mut decision = failover::decide(&current, &observed, &settings, judged_at);
+    if let (Action::PrimaryChanged { took, .. }, Some(transition)) = (&mut decision.action, &current.transition) {
+        // How long it took is for people: the wall clock, not the timer clock (a leader that took
+        // over in the middle would count from its own start).
+        *took = (now - transition.started_at).to_std().unwrap_or(*took);
+    }
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
     tell(
