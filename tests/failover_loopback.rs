@@ -728,3 +728,58 @@ async fn a_former_primary_never_starts_as_primary_behind_the_lease_timeline() {
     world.lock().unwrap().operator_paused = false;
     cluster.shutdown().await;
 }
+
+/// Two primaries lost within seconds, three instances: the second failover's standbys may still
+/// be on the first primary's timeline (they had not followed the new primary yet), so they are no
+/// candidates (promoting one would drop the new timeline's commits and reuse its number). The
+/// database comes back once the second primary's pod is back, with every commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_primaries_lost_within_seconds_come_back_without_forking_the_history() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, &["db-0", "db-1", "db-2"]).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+    cluster.kill_pod("db-0");
+    let world = cluster.world.clone();
+    let second = {
+        let mut second = None;
+        cluster
+            .wait_for("the first failover's new primary", Duration::from_secs(40), async || {
+                second = world.lock().unwrap().status.current_primary.clone().filter(|now| now != "db-0");
+                second.is_some()
+            })
+            .await;
+        second.unwrap()
+    };
+    cluster.kill_pod(&second);
+    cluster.recreate_pod("db-0");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.recreate_pod(&second);
+    let primary = {
+        let mut settled = None;
+        cluster
+            .wait_for("one primary again", Duration::from_secs(150), async || {
+                let world = world.lock().unwrap();
+                let status = &world.status;
+                settled = status
+                    .current_primary
+                    .clone()
+                    .filter(|current| status.target_primary.as_ref() == Some(current) && status.transition.is_none());
+                settled.as_ref().is_some_and(|current| {
+                    world.reports.get(current).is_some_and(|report| {
+                        report.postgres_ready && report.role == dbservice_operator::api::failover::Role::Primary
+                    })
+                })
+            })
+            .await;
+        settled.unwrap()
+    };
+    let port = cluster.port(&primary);
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, port).await;
+    eprintln!(
+        "FIGURES two primaries lost: {primary} primary; {} acknowledged, {} lost",
+        acknowledged.len(),
+        lost.len()
+    );
+    cluster.shutdown().await;
+}

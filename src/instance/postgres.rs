@@ -75,7 +75,9 @@ const SAMPLE_QUERY: &str = "SELECT pg_is_in_recovery(),
   CASE WHEN pg_is_in_recovery()
        THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver WHERE status = 'streaming'),
                      greatest((SELECT timeline_id FROM pg_control_checkpoint()),
-                              (SELECT min_recovery_end_timeline FROM pg_control_recovery())))
+                              (SELECT min_recovery_end_timeline FROM pg_control_recovery()),
+                              (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
+                                WHERE name ~ '^[0-9A-F]{24}$')))
        ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
   EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
   current_setting('archive_mode') <> 'off',
