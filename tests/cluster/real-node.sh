@@ -55,6 +55,10 @@ CONTAINERD_STATE=/run/dbservice-containerd
 CONTAINERD_SOCKET="$CONTAINERD_STATE/containerd.sock"
 # The machine-wide resources (bridge, routes, ports 53 and 10250) allow one real node per machine.
 OWNER_FILE=/run/dbservice-real-node.owner
+# Network namespaces this machine had before the node started and cannot remove (seen once: two
+# cni-* namespaces of pods killed mid-creation stayed mounted where this sandbox may not unmount
+# them); check-clean judges only what the node made since.
+STUCK_FILE=/run/dbservice-real-node.stuck-netns
 TAINT_KEY=dbservice.dev/real-node
 STORAGE_CLASS=real-local
 
@@ -379,6 +383,7 @@ up() {
   install_packages
   require
   claim_machine
+  record_stuck_namespaces
   "$here/images.sh" node
   local runtime_started=$SECONDS
   identities
@@ -479,6 +484,27 @@ down() {
   if [ -s "$OWNER_FILE" ] && [ "$(cat "$OWNER_FILE")" = "$CLUSTER_DIR" ]; then rm -f "$OWNER_FILE"; fi
 }
 
+# Removes leftover cni-* network namespaces and records the ones that cannot be removed.
+record_stuck_namespaces() {
+  local id
+  for id in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do
+    umount -l "/run/netns/$id" 2>/dev/null || true
+    ip netns delete "$id" 2>/dev/null || true
+  done
+  ip netns list 2>/dev/null | awk '/^cni-/{print $1}' >"$STUCK_FILE" || true
+  if [ -s "$STUCK_FILE" ]; then log "network namespaces that cannot be removed here (ignored by check-clean): $(tr '\n' ' ' <"$STUCK_FILE")"; fi
+}
+
+# The cni-* network namespaces (and their mounts) the node made: not the stuck ones of before.
+own_namespaces() {
+  ip netns list 2>/dev/null | awk '/^cni-/{print $1}' |
+    { if [ -s "$STUCK_FILE" ]; then grep -vxF -f "$STUCK_FILE"; else cat; fi; } || true
+}
+own_mounts() {
+  grep -E " ($RN/|$CONTAINERD_STATE/|/run/netns/cni-)" /proc/mounts |
+    { if [ -s "$STUCK_FILE" ]; then grep -vF -f "$STUCK_FILE"; else cat; fi; } || true
+}
+
 # check-clean: nothing of the real node is left on the machine.
 check_clean() {
   local left=()
@@ -491,12 +517,14 @@ check_clean() {
     if pid_of "$name" >/dev/null; then left+=("process $name"); fi
   done
   pgrep -f "containerd-shim-runc-v2 .*$CONTAINERD_SOCKET" >/dev/null && left+=("containerd shims")
-  grep -qE " ($RN/|$CONTAINERD_STATE/|/run/netns/cni-)" /proc/mounts && left+=("mounts: $(grep -cE " ($RN/|$CONTAINERD_STATE/|/run/netns/cni-)" /proc/mounts)")
+  local mounts
+  mounts="$(own_mounts | grep -c . || true)"
+  [ "$mounts" = 0 ] || left+=("mounts: $mounts")
   [ "$(iptables-save 2>/dev/null | grep -c KUBE- || true)" = 0 ] || left+=("iptables KUBE-* rules")
   [ "$(ip6tables-save 2>/dev/null | grep -c KUBE- || true)" = 0 ] || left+=("ip6tables KUBE-* rules")
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("bridge $BRIDGE")
   [[ "$(ip route show type blackhole 2>/dev/null)" == *"$KWOK_CIDR"* ]] && left+=("blackhole route $KWOK_CIDR")
-  [ -z "$(ip netns list 2>/dev/null | awk '/^cni-/')" ] || left+=("network namespaces cni-*")
+  [ -z "$(own_namespaces)" ] || left+=("network namespaces cni-*")
   [ -e "$CONTAINERD_STATE" ] && left+=("$CONTAINERD_STATE")
   [ -e "$RN/volumes" ] && left+=("volumes in $RN/volumes")
   if [ "${#left[@]}" -gt 0 ]; then
