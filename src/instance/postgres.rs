@@ -126,9 +126,9 @@ fn lsn(text: Option<String>) -> Result<Option<Lsn>, PostgresError> {
         .transpose()
 }
 
-/// Sends `signal` to a postmaster and to each of its children. (Every PostgreSQL child calls
-/// setsid(), so signalling the postmaster's process group would reach the postmaster alone.)
-pub fn signal_server(postmaster: u32, signal: i32) {
+/// A postmaster and each of its children, by pid (every PostgreSQL child calls setsid(), so the
+/// postmaster's process group holds the postmaster alone).
+pub fn server_processes(postmaster: u32) -> Vec<u32> {
     let children = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|entry| {
         let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
         let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
@@ -136,7 +136,12 @@ pub fn signal_server(postmaster: u32, signal: i32) {
         let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
         (parent == postmaster).then_some(pid)
     });
-    for pid in std::iter::once(postmaster).chain(children.collect::<Vec<_>>()) {
+    std::iter::once(postmaster).chain(children).collect()
+}
+
+/// Sends `signal` to a postmaster and to each of its children ([`server_processes`]).
+pub fn signal_server(postmaster: u32, signal: i32) {
+    for pid in server_processes(postmaster) {
         let Ok(pid) = i32::try_from(pid) else { continue };
         // SAFETY: kill(2) only sends a signal; no memory is shared.
         unsafe {

@@ -108,6 +108,16 @@ impl Bed {
         wait_settled_instances(&self.client, self.ns(), self.instances).await
     }
 
+    /// Waits until the status names a current primary other than `primary` (a failover has
+    /// promoted someone; the database need not have settled yet); its name.
+    pub async fn primary_other_than(&self, primary: &str) -> String {
+        crate::support::eventually("another primary", crate::failover::SETTLE_TIMEOUT, || async {
+            let status = self.databases().get(DATABASE).await.ok()?.status?;
+            status.failover.current_primary.filter(|now| now != primary)
+        })
+        .await
+    }
+
     /// The Service writer's last attempt: the ids after it are the fault's.
     pub fn last_id(&self) -> i64 {
         crate::failover::last_id(self.ns())

@@ -47,11 +47,7 @@ async fn a_primary_cut_off_from_the_api_server_fences_itself_before_a_standby_is
         (!host::running(postmaster.pid)).then(|| cut.elapsed())
     })
     .await;
-    let replaced = eventually("another primary", SETTLE_TIMEOUT, || async {
-        let status = bed.databases().get(crate::failover::DATABASE).await.ok()?.status?;
-        status.failover.current_primary.filter(|now| *now != primary)
-    })
-    .await;
+    let replaced = bed.primary_other_than(&primary).await;
     let promoted = cut.elapsed();
     api_server_rules("-D", agent.pid);
     let outcome = bed.conclude(fault, failed_at, since).await;

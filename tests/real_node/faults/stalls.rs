@@ -44,21 +44,8 @@ async fn a_primary_stalled_until_fenced_then_continued_never_commits_beside_the_
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
     let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");
-    let children = |pid: u32| {
-        std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let pid_here: u32 = entry.file_name().to_str()?.parse().ok()?;
-                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-                let parent: u32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-                (parent == pid).then_some(pid_here)
-            })
-            .collect::<Vec<u32>>()
-    };
     // Every process of the server now, to continue later whatever survived the fence.
-    let stalled: Vec<u32> = std::iter::once(postmaster.pid).chain(children(postmaster.pid)).collect();
+    let stalled = dbservice_operator::instance::postgres::server_processes(postmaster.pid);
     signal_server(&postmaster, libc::SIGSTOP);
     let replaced = eventually("another primary", SETTLE_TIMEOUT, || async {
         crate::failover::settled(&bed.client, bed.ns(), bed.instances).await.filter(|now| *now != primary)
@@ -89,12 +76,7 @@ async fn the_primary_agent_stopped_for_a_minute_is_fenced_by_its_watchdog() {
         (!host::running(postmaster.pid)).then(|| stopped.elapsed())
     })
     .await;
-    let replaced = eventually("another primary", SETTLE_TIMEOUT, || async {
-        let databases = bed.databases();
-        let status = databases.get(crate::failover::DATABASE).await.ok()?.status?;
-        status.failover.current_primary.filter(|now| *now != primary)
-    })
-    .await;
+    let replaced = bed.primary_other_than(&primary).await;
     let promoted = stopped.elapsed();
     tokio::time::sleep(Duration::from_secs(60).saturating_sub(stopped.elapsed())).await;
     host::signal(agent.pid, libc::SIGCONT);

@@ -59,11 +59,7 @@ async fn the_object_store_unreachable_during_a_switchover_and_a_failover() {
     let (since, failed_at) = (bed.last_id(), epoch_now());
     let pods: Api<Pod> = Api::namespaced(bed.client.clone(), bed.ns());
     pods.delete(&primary, &DeleteParams::default()).await.unwrap();
-    eventually("another primary", SETTLE_TIMEOUT, || async {
-        let status = bed.databases().get(DATABASE).await.ok()?.status?;
-        status.failover.current_primary.filter(|now| *now != primary)
-    })
-    .await;
+    bed.primary_other_than(&primary).await;
     let failed_over = bed.conclude(fault, failed_at, since).await;
     assert!(failed_over.overlaps.is_empty(), "two writable primaries: {:?}", failed_over.overlaps);
 }

@@ -18,11 +18,7 @@ async fn two_primaries_lost_within_seconds_of_three_instances_and_a_scale_down_p
     let first = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
     pods.delete(&first, &DeleteParams::default()).await.unwrap();
-    let second = eventually("the first failover's new primary", SETTLE_TIMEOUT, || async {
-        let status = bed.databases().get(DATABASE).await.ok()?.status?;
-        status.failover.current_primary.filter(|now| *now != first)
-    })
-    .await;
+    let second = bed.primary_other_than(&first).await;
     pods.delete(&second, &DeleteParams::default()).await.unwrap();
     let outcome = bed.conclude(fault, failed_at, since).await;
     assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
