@@ -79,6 +79,11 @@ pub struct Agent<C> {
 /// commits in that gap (logged), as any asynchronous failover may.
 pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Longest wait of a primary stepping down for a standby to stream from it (see
+/// `wait_for_a_streaming_standby`): a standby retries its connection every second
+/// (`wal_retrieve_retry_interval`), so one that is up connects well within it.
+pub const STANDBY_STREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Name of the fence watchdog's file in the socket directory.
 pub const FENCE_FILE: &str = "dbservice-fence";
 
@@ -144,7 +149,7 @@ impl<C: ControlPlane> Agent<C> {
                 _ = stop.changed() => {}
             }
         }
-        if let Err(error) = self.stop_and_release().await {
+        if let Err(error) = self.stop_and_release(false).await {
             tracing::warn!(instance = %self.config.name, %error, "clean stop failed");
         }
         let local = self.postgres.observe().await;
@@ -255,7 +260,7 @@ impl<C: ControlPlane> Agent<C> {
             LocalState::Ready(sample) if !sample.in_recovery => {
                 self.shutdown_checkpoint = None;
                 if target_other {
-                    self.stop_and_release().await?;
+                    self.stop_and_release(true).await?;
                 } else {
                     self.hold_lease(Some(sample)).await;
                 }
@@ -500,12 +505,15 @@ impl<C: ControlPlane> Agent<C> {
 
     /// A primary that must step down: clean stop, then release the Lease with the end of its last
     /// commit so that the successor waits for it.
-    async fn stop_and_release(&mut self) -> Result<(), AgentError> {
+    async fn stop_and_release(&mut self, successor_expected: bool) -> Result<(), AgentError> {
         if !self.postgres.is_running() {
             return Ok(());
         }
         let was_primary = self.role == Some(Role::Primary);
         let mut shutdown_began = None;
+        if was_primary && successor_expected {
+            self.wait_for_a_streaming_standby().await;
+        }
         if was_primary {
             self.postgres.checkpoint().await;
             // After the CHECKPOINT: pg_waldump then reads only the WAL of the last moments.
@@ -521,7 +529,15 @@ impl<C: ControlPlane> Agent<C> {
         if !was_primary {
             return Ok(());
         }
-        let control = if clean { Some(standby::shutdown_checkpoint(&self.config).await?) } else { None };
+        // Only pg_control proves a clean stop: a server killed under the stop (by the fence
+        // watchdog, say) exits too, and its control file names an old checkpoint that a
+        // successor would take for the end of its WAL.
+        let control = if clean {
+            Some(standby::shutdown_checkpoint(&self.config).await?).filter(|control| control.clean)
+        } else {
+            None
+        };
+        let clean = control.is_some();
         let checkpoint = control.map(|control| control.checkpoint);
         let released = match (control, shutdown_began) {
             (Some(control), Some(began)) => Some(self.end_of_committed_wal(began, &control).await),
@@ -530,6 +546,38 @@ impl<C: ControlPlane> Agent<C> {
         tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, released = ?released, "primary stopped");
         self.shutdown_checkpoint = checkpoint;
         self.release_lease(released).await
+    }
+
+    /// Before a primary steps down for another instance: a clean shutdown sends the last WAL only
+    /// to standbys connected at that moment, and a standby that lost its stream (this server was
+    /// restarted in place a moment ago, say) would miss it and promote without the last commits.
+    /// Waits up to [`STANDBY_STREAM_WAIT`] for one to stream, and never past half the renew
+    /// deadline of a renewal made first (the fence watchdog must not kill the server mid-wait);
+    /// without that renewal it does not wait.
+    async fn wait_for_a_streaming_standby(&mut self) {
+        match self.write_lease(None, None).await {
+            Ok(LeaseWrite::Written) => {}
+            Ok(LeaseWrite::HeldByOther) => return self.fence("another instance holds the primary lease").await,
+            Ok(LeaseWrite::Conflict) | Err(_) => return,
+        }
+        let began = Instant::now();
+        let limit = STANDBY_STREAM_WAIT.min(self.config.lease.renew_deadline / 2);
+        loop {
+            match self.postgres.streaming_standbys().await {
+                Ok(streaming) if streaming > 0 => return,
+                Ok(_) if began.elapsed() < limit => {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Ok(_) => {
+                    tracing::warn!(instance = %self.config.name, waited = ?began.elapsed(), "no standby streams: stopping without one");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(instance = %self.config.name, %error, "could not count the streaming standbys");
+                    return;
+                }
+            }
+        }
     }
 
     /// The position a successor must have received to hold every commit of this stopped primary:

@@ -328,6 +328,13 @@ impl Postgres {
         lsn(text)?.ok_or_else(|| PostgresError::Answer("no WAL insert position".into()))
     }
 
+    /// How many standbys stream from this server now (`pg_stat_replication`), bounded by the
+    /// health timeout.
+    pub async fn streaming_standbys(&mut self) -> Result<i64, PostgresError> {
+        let query = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
+        self.bounded(async |client| client.query_one(query, &[]).await?.try_get(0)).await
+    }
+
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
     /// failures are ignored, the stop that follows matters.
     pub async fn checkpoint(&mut self) {

@@ -68,6 +68,9 @@ const REQUIRED_SETTINGS: &[(&str, &str)] = &[
     ("wal_log_hints", "on"),
     // A crashed primary is restarted by the agent, which first checks that it still holds the lease.
     ("restart_after_crash", "off"),
+    // A standby whose primary restarted reconnects within a second (default 5 s): a primary that
+    // steps down soon after waits for one to stream before its clean stop.
+    ("wal_retrieve_retry_interval", "1s"),
 ];
 
 fn persistent_settings(config: &InstanceConfig) -> Vec<(&str, String)> {

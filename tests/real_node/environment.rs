@@ -158,6 +158,7 @@ pub fn lease_holder() -> String {
 pub async fn real_namespace(client: &Client, prefix: &str) -> TestNamespace {
     let namespace = TestNamespace::create(client, &format!("real-{prefix}")).await;
     real_node_script(&["namespace", &namespace.name]);
+    crate::diagnostics::on_panic_describe(&namespace.name);
     namespace
 }
 
