@@ -50,7 +50,11 @@ async fn start_servers(
         .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
         .with_limits(RequestLimits::new(args.max_concurrent_requests));
     if let Some(client) = client {
-        state = state.with_recovery_sources(Arc::new(crate::admission::recovery_source::KubeStoreReader::new(client)));
+        state = state
+            .with_secret_access(Arc::new(crate::admission::secret_access::KubeSecretAccessReviewer::new(
+                client.clone(),
+            )))
+            .with_recovery_sources(Arc::new(crate::admission::recovery_source::KubeStoreReader::new(client)));
     }
     let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;

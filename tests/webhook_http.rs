@@ -580,3 +580,65 @@ async fn an_unreachable_recovery_source_admits_with_a_warning() {
     assert_eq!(response["allowed"], true, "{response}");
     assert!(response["warnings"][0].as_str().unwrap().contains("without Kubernetes access"), "{response}");
 }
+
+/// Answers every access review with `allowed`, records who asked about what, and counts the store
+/// reads that follow.
+struct Reviewer {
+    allowed: bool,
+    asked: std::sync::Mutex<Vec<(String, String, String)>>,
+}
+
+impl dbservice_operator::admission::secret_access::SecretAccessReviewer for Reviewer {
+    fn may_read<'a>(
+        &'a self,
+        user: &'a dbservice_operator::admission::review::UserInfo,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> dbservice_operator::admission::secret_access::AccessFuture<'a> {
+        self.asked.lock().unwrap().push((user.username.clone(), namespace.to_string(), name.to_string()));
+        Box::pin(async move { Ok(self.allowed) })
+    }
+}
+
+#[tokio::test]
+async fn a_secret_the_requester_may_not_read_is_denied_before_the_store_is_read() {
+    for allowed in [false, true] {
+        let reviewer = Arc::new(Reviewer { allowed, asked: Default::default() });
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let store = CountingStore(reads.clone());
+        let state = AdmissionState::new("1Gi", Arc::new(Metrics::new()))
+            .unwrap()
+            .with_secret_access(reviewer.clone())
+            .with_recovery_sources(Arc::new(store));
+        let request = review("CREATE", Some(database(recovering_spec("2026-12-01T00:30:00Z"))), None);
+        let response = admit(admission_router(state), "/validate", &request).await;
+        assert_eq!(*reviewer.asked.lock().unwrap(), [("alice".to_string(), "shop".to_string(), "s3".to_string())]);
+        assert_eq!(response["allowed"], allowed, "{response}");
+        if allowed {
+            assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1, "the store is read once allowed");
+        } else {
+            assert_eq!(response["status"]["code"], 403, "{response}");
+            let message = response["status"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(
+                    "spec.bootstrap.recovery.source.credentialsSecret.name: Forbidden: User \"alice\" may not read Secret \"s3\""
+                ),
+                "{message}"
+            );
+            assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0, "no store is read for a denied request");
+        }
+    }
+}
+
+/// A store reader that counts its reads (and answers like an unreachable store).
+struct CountingStore(Arc<std::sync::atomic::AtomicUsize>);
+
+impl dbservice_operator::admission::recovery_source::RecoverySourceReader for CountingStore {
+    fn read<'a>(
+        &'a self,
+        _: &'a dbservice_operator::api::database_service::DatabaseService,
+    ) -> dbservice_operator::admission::recovery_source::ReadFuture<'a> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Err("unreachable".to_string()) })
+    }
+}

@@ -10,6 +10,7 @@ pub mod limits;
 pub mod mutation;
 pub mod recovery_source;
 pub mod review;
+pub mod secret_access;
 pub mod server;
 pub mod tls;
 pub mod validation;

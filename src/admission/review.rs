@@ -84,6 +84,33 @@ pub struct Request<'body> {
     /// The existing object (UPDATE, DELETE).
     #[serde(default, borrow)]
     pub old_object: Option<&'body RawValue>,
+    /// Who sent the request.
+    #[serde(default)]
+    pub user_info: UserInfo,
+}
+
+/// The requesting user, as the apiserver authenticated them (`request.userInfo`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct UserInfo {
+    /// The user's name.
+    #[serde(default)]
+    pub username: String,
+    /// The user's UID, if any.
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// The user's groups.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Other attributes of the authenticator.
+    #[serde(default)]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    /// `User "name"`, as Kubernetes names a user in its messages.
+    pub fn describe(&self) -> String {
+        format!("User {:?}", self.username)
+    }
 }
 
 /// Parses the body into an admission request, or explains in one line why it is not one.
@@ -134,6 +161,8 @@ pub struct Admission {
     pub object: Option<DatabaseService>,
     /// The old object (UPDATE; DELETE when the apiserver sends it).
     pub old_object: Option<DatabaseService>,
+    /// Who sent the request.
+    pub user: UserInfo,
 }
 
 /// Why a well-formed review is not admitted.
@@ -182,7 +211,7 @@ impl Request<'_> {
             }
             _ => {}
         }
-        Ok(Admission { operation, object, old_object })
+        Ok(Admission { operation, object, old_object, user: self.user_info.clone() })
     }
 }
 

@@ -5,7 +5,7 @@ pub use crate::admission::limits::{RequestLimits, BODY_LIMIT_BYTES};
 use crate::admission::mutation::default_patch;
 use crate::admission::review::{parse_request, Admission, Operation, Refusal};
 use crate::admission::validation::{validate, ValidationSettings};
-use crate::admission::{recovery_source, review};
+use crate::admission::{recovery_source, review, secret_access};
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics, WebhookLabels};
 use crate::quantity::parse_bytes;
 use axum::body::Body;
@@ -32,6 +32,9 @@ pub struct AdmissionState {
     /// Reads the stores of a recovering DatabaseService on CREATE; without it (a webhook
     /// without Kubernetes access) such objects are admitted with a warning.
     pub recovery_sources: Option<Arc<dyn recovery_source::RecoverySourceReader>>,
+    /// Asks whether the requesting user may read the Secrets a DatabaseService names; without it
+    /// (a webhook without Kubernetes access, which reads no Secret either) nothing is asked.
+    pub secret_access: Option<Arc<dyn secret_access::SecretAccessReviewer>>,
 }
 
 impl AdmissionState {
@@ -43,12 +46,18 @@ impl AdmissionState {
             metrics,
             limits: RequestLimits::default(),
             recovery_sources: None,
+            secret_access: None,
         })
     }
 
     /// The same state reading recovery sources with `reader`.
     pub fn with_recovery_sources(self, reader: Arc<dyn recovery_source::RecoverySourceReader>) -> Self {
         Self { recovery_sources: Some(reader), ..self }
+    }
+
+    /// The same state asking `reviewer` whether a requester may read the Secrets they name.
+    pub fn with_secret_access(self, reviewer: Arc<dyn secret_access::SecretAccessReviewer>) -> Self {
+        Self { secret_access: Some(reviewer), ..self }
     }
 
     /// The same state with other limits.
@@ -249,6 +258,8 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
             Ok(admission) => {
                 let mut decision = decide(&state, &parsed.uid, &admission);
                 if webhook == "validate" {
+                    // Before anything reads a Secret or contacts a store.
+                    check_secret_access(&state, &admission, &mut decision).await;
                     check_recovery_source(&state, &admission, &mut decision).await;
                 }
                 (admission.operation.as_str(), decision)
@@ -275,6 +286,30 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
             plain(StatusCode::REQUEST_TIMEOUT, "the request was not received and decided in time").into_response()
         }
     }
+}
+
+/// The Secrets an allowed CREATE or UPDATE newly names must be readable by its requester
+/// ([`secret_access`]); otherwise a denial (403).
+async fn check_secret_access(state: &AdmissionState, admission: &Admission, decision: &mut Decision) {
+    let (Some(reviewer), Some(object)) = (&state.secret_access, admission.object.as_ref()) else { return };
+    if !decision.response.allowed {
+        return;
+    }
+    let references = secret_access::to_review(&object.spec, admission.old_object.as_ref().map(|old| &old.spec));
+    if references.is_empty() {
+        return;
+    }
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let errors = secret_access::check(reviewer.as_ref(), &admission.user, &namespace, &references).await;
+    if errors.is_empty() {
+        return;
+    }
+    let outcome = crate::admission::validation::ValidationOutcome { errors, warnings: Vec::new() };
+    let warnings = std::mem::take(&mut decision.response.warnings);
+    decision.response = review::Response::deny(&decision.response.uid, "Forbidden", 403, outcome.message());
+    decision.response.warnings = warnings;
+    decision.result = "denied";
+    decision.denial_reasons = vec!["FieldValueForbidden"];
 }
 
 /// The store-dependent rules of an admitted CREATE with `spec.bootstrap.recovery`

@@ -4,8 +4,14 @@ use crate::support::{
     client_for, cluster_or_skip, database_from_yaml, operator::shared, sample_database, TestNamespace,
 };
 use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, FINALIZER};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
 
 fn rejection_message(error: kube::Error) -> String {
     match error {
@@ -138,4 +144,96 @@ async fn backup_settings_and_recovery_targets_are_checked_on_admission() {
     let message =
         rejection_message(api.patch("restored", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
     assert!(message.contains("spec.bootstrap") && message.contains("immutable"), "{message}");
+}
+
+/// A user who may create DatabaseServices but not read Secrets must not make the operator read one
+/// and send a request signed with it to an endpoint of their choice: the webhook asks the
+/// apiserver (SubjectAccessReview with the request's user) before it reads any Secret, and denies.
+#[tokio::test]
+async fn a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted() {
+    let Some(kubeconfig) = cluster_or_skip("a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted")
+    else {
+        return;
+    };
+    shared();
+    let admin = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&admin, "secret-access").await;
+    let ns = namespace.name.as_str();
+    let access_key_id = "AKIAEXFILTRATIONTEST";
+    let secret = Secret {
+        metadata: ObjectMeta { name: Some("s3".into()), ..Default::default() },
+        string_data: Some(
+            [("accessKeyId".to_string(), access_key_id.to_string()), ("secretAccessKey".to_string(), "x".repeat(40))]
+                .into(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(admin.clone(), ns).create(&PostParams::default(), &secret).await.unwrap();
+    let author = "author@example.com";
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "databaseservice-author"},
+        "rules": [{"apiGroups": ["dbservice.dev"], "resources": ["databaseservices"], "verbs": ["create", "get", "list"]}]
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "databaseservice-author"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "databaseservice-author"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": author}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), ns).create(&PostParams::default(), &binding).await.unwrap();
+
+    // The endpoint the author names: it records every request and whether it carried the key.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(Mutex::new(Vec::<String>::new()));
+    let recorded = requests.clone();
+    let listening = tokio::spawn(async move {
+        while let Ok((mut connection, _)) = listener.accept().await {
+            let mut buffer = vec![0; 16 * 1024];
+            let read = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut buffer)).await;
+            let text = match read {
+                Ok(Ok(length)) => String::from_utf8_lossy(&buffer[..length]).into_owned(),
+                _ => String::new(),
+            };
+            recorded.lock().unwrap().push(text);
+        }
+    });
+
+    let object = |name: &str| {
+        database_from_yaml(&format!(
+            "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: {name}\nspec:\n  version: \"16\"\n  \
+             storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  bootstrap:\n    recovery:\n      source: \
+             {{endpoint: \"{endpoint}\", bucket: backups, serverName: orders, credentialsSecret: {{name: s3}}}}\n"
+        ))
+    };
+    let options = kube::config::KubeConfigOptions::default();
+    let kubeconfig_file = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig_file, &options).await.unwrap();
+    config.auth_info.impersonate = Some(author.into());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    let as_author = kube::Client::try_from(config).unwrap();
+    let authors: Api<DatabaseService> = Api::namespaced(as_author, ns);
+    let message = rejection_message(authors.create(&PostParams::default(), &object("stolen")).await.unwrap_err());
+    assert!(message.contains("admission webhook"), "not rejected by our webhook: {message}");
+    assert!(
+        message.contains(&format!(
+            "spec.bootstrap.recovery.source.credentialsSecret.name: Forbidden: User \"{author}\" may not read Secret \"s3\""
+        )),
+        "{message}"
+    );
+    // The review answered synchronously: any request to the endpoint was made before it.
+    assert!(requests.lock().unwrap().is_empty(), "the store was contacted: {:?}", requests.lock().unwrap());
+
+    // The same object by someone who may read the Secret is admitted, and the webhook does read the
+    // store: the listener sees the signed request (it would have seen an exfiltration).
+    let databases: Api<DatabaseService> = Api::namespaced(admin.clone(), ns);
+    databases.create(&PostParams::default(), &object("restored")).await.unwrap();
+    let seen = requests.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|request| request.contains(access_key_id)),
+        "no signed request reached the listener: {seen:?}"
+    );
+    listening.abort();
 }
