@@ -5,7 +5,7 @@
 use crate::api::database_service::{DatabaseService, FIELD_MANAGER};
 use crate::api::failover::SWITCHOVER_ANNOTATION;
 use crate::api::names::primary_lease_name;
-use crate::api::names::{describe, is_labelled_child_of, ROLE_LABEL};
+use crate::api::names::{describe, is_labelled_child_of, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL};
 use crate::lease::LeaseRecord;
 use crate::lease::{lease_record, with_record};
 use crate::operator::caches::diff::{contains_object, LiveValue};
@@ -257,7 +257,9 @@ async fn create_credentials(
 async fn apply_pods(namespace: &str, workload: &Workload, context: &PassContext, key: &str) -> Result<(), kube::Error> {
     let pods: Api<Pod> = Api::namespaced(context.shared.client.clone(), namespace);
     for label in &workload.pod_labels {
-        let patch = Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: label.role}}}));
+        // The managed-by label too: a pod that lost it is invisible to the caches.
+        let patch =
+            Patch::Merge(json!({"metadata": {"labels": {ROLE_LABEL: label.role, MANAGED_BY_LABEL: MANAGED_BY}}}));
         match pods.patch(&label.pod, &PatchParams::default(), &patch).await {
             Ok(pod) => {
                 context.shared.metrics.count_write("Pod", "label");

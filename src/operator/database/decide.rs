@@ -4,7 +4,10 @@
 
 use crate::admission::validation::{validate, ValidationSettings};
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase, StorageStatus};
-use crate::api::names::{is_owned_by, owner_reference, ChildNames, NO_ROLE, PRIMARY_ROLE, ROLE_LABEL, STANDBY_ROLE};
+use crate::api::names::{
+    is_owned_by, owner_reference, ChildNames, MANAGED_BY, MANAGED_BY_LABEL, NO_ROLE, PRIMARY_ROLE, ROLE_LABEL,
+    STANDBY_ROLE,
+};
 use crate::operator::caches::diff;
 use crate::operator::conditions::{self, types};
 use crate::operator::database::archiving::{decide_archiving, ArchivingHealth};
@@ -84,6 +87,11 @@ pub struct PodLabel {
     pub pod: String,
     /// primary or standby.
     pub role: &'static str,
+}
+
+/// Whether `pod` lacks the managed-by label (removed by hand: the caches no longer see it).
+fn lost_managed_by(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY)
 }
 
 /// A pod to delete, only if it is still the one observed.
@@ -578,7 +586,15 @@ fn decide_pods(
             continue;
         }
         let role = pod_role(pod, &health.name, primary);
-        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) {
+        if lost_managed_by(pod) {
+            journal.record(
+                false,
+                "PodLabelRestored",
+                format!("pod {} had lost its label {MANAGED_BY_LABEL}; put back", health.name),
+                None,
+            );
+        }
+        if pod.labels().get(ROLE_LABEL).map(String::as_str) != Some(role) || lost_managed_by(pod) {
             labels.push(PodLabel { pod: health.name.clone(), role });
         }
         if template_current && health.image != rollout.image && !health.ready && !health.unschedulable {

@@ -4,7 +4,7 @@
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase};
 use crate::operator::caches::Compact;
 use crate::operator::database::build::{self, WorkloadInputs};
-use crate::operator::database::decide::{decide, DecideInput, Decision};
+use crate::operator::database::decide::{decide, DecideInput, Decision, PodLabel};
 use crate::operator::database::observe::Observed;
 use crate::operator::database::settings::ControllerSettings;
 use chrono::{DateTime, Duration, Utc};
@@ -71,6 +71,7 @@ fn pod(ordinal: i32, image: &str, state: PodState) -> Arc<Pod> {
             "metadata": {"name": format!("db-{ordinal}"), "namespace": "ns", "uid": format!("pod-{ordinal}"),
                          "resourceVersion": "10", "creationTimestamp": ago(3600),
                          "labels": {"dbservice.dev/role": if ordinal == 0 { "primary" } else { "standby" },
+                                    "app.kubernetes.io/managed-by": "dbservice-operator",
                                     "controller-revision-hash": "r1"}},
             "spec": {"containers": [{"name": "postgres", "image": image}]},
             "status": {"conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": ago(since)}, scheduled_condition],
@@ -491,6 +492,18 @@ fn a_former_primary_that_still_reports_primary_joins_neither_service() {
         "a server that still accepts writes must leave the read-only Service: {labels:?}"
     );
     assert!(labels.iter().all(|label| label.pod != "db-0"), "db-0 stays primary: {labels:?}");
+}
+
+#[test]
+fn a_pod_whose_managed_by_label_was_removed_gets_it_back_and_keeps_its_role() {
+    let database = database(2, Some(running_status("16.4")));
+    let mut unlabelled = (*pod(0, "postgres:16.4", PodState::Ready)).clone();
+    unlabelled.metadata.labels.as_mut().unwrap().remove(crate::api::names::MANAGED_BY_LABEL);
+    let observed = steady(&database, vec![Arc::new(unlabelled), pod(1, "postgres:16.4", PodState::Ready)]);
+    let decision = run(&database, &observed);
+    let labels = &decision.workload.as_ref().unwrap().pod_labels;
+    assert_eq!(labels, &[PodLabel { pod: "db-0".into(), role: crate::api::names::PRIMARY_ROLE }]);
+    assert!(decision.journal.reasons().contains(&"PodLabelRestored"), "{:?}", decision.journal);
 }
 
 #[test]

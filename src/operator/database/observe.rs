@@ -77,6 +77,45 @@ where
     children.iter().filter_map(|child| child.expand().map(Arc::new)).collect()
 }
 
+/// Adds the instance pods the caches miss because their managed-by label was removed (the watch
+/// selects by it; the StatefulSet's selector does not include it, so the pod keeps running): a
+/// GET by name for each expected instance not cached, only while one is missing. Without this a
+/// primary whose label a person removed would look gone, and be failed over while it runs. The
+/// pass then puts the label back (`decide_pods`).
+pub async fn unlabelled_pods(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    if observed.stateful_set.is_none() {
+        return Ok(());
+    }
+    let name = database.name_any();
+    // The StatefulSet never shrinks past the primary, whatever the spec says.
+    let primary = database.status.as_ref().and_then(|status| status.failover.current_primary.as_deref());
+    let primary_ordinal = primary.and_then(|primary| primary.rsplit('-').next()?.parse::<i32>().ok());
+    let expected = database.spec.replicas_or_default().max(primary_ordinal.map_or(0, |ordinal| ordinal + 1));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &database.namespace().unwrap_or_default());
+    let mut found = Vec::new();
+    for ordinal in 0..expected {
+        let pod_name = format!("{name}-{ordinal}");
+        if observed.pods.iter().any(|pod| pod.name_any() == pod_name) {
+            continue;
+        }
+        let Some(pod) = pods.get_opt(&pod_name).await? else { continue };
+        let owned = pod.owner_references().iter().any(|owner| owner.kind == "StatefulSet" && owner.name == name);
+        let labelled = pod.labels().get(crate::api::names::INSTANCE_LABEL) == Some(&name);
+        if owned && labelled {
+            found.push(Arc::new(pod));
+        }
+    }
+    if !found.is_empty() {
+        observed.pods.extend(found);
+        observed.pods.sort_by(|left, right| left.metadata.name.cmp(&right.metadata.name));
+    }
+    Ok(())
+}
+
 /// Fills [`Observed::primary_lease`] when the failover step needs it (a GET, never in a steady pass).
 pub async fn primary_lease(
     database: &DatabaseService,

@@ -10,7 +10,7 @@ use crate::operator::database::build::{desired, generate_password, NewPasswords}
 use crate::operator::database::decide::{credentials_conflict, decide, journal_applied, DecideInput};
 use crate::operator::database::error::ReconcileError;
 use crate::operator::database::failover::clock::running_timer;
-use crate::operator::database::observe::{from_caches, primary_lease, storage_classes};
+use crate::operator::database::observe::{from_caches, primary_lease, storage_classes, unlabelled_pods};
 use crate::operator::journal::now;
 use crate::operator::publish::{publish, publish_applied};
 use kube::runtime::controller::Action;
@@ -69,6 +69,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     let now = now();
     let mut observed = from_caches(database, &context.stores);
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    unlabelled_pods(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     let uid = database.metadata.uid.clone().unwrap_or_default();
     let timers = &context.shared.failover_timers;

@@ -9,6 +9,7 @@
 mod checkers;
 mod host;
 mod network;
+mod operations;
 mod stalls;
 mod store;
 mod topology;
