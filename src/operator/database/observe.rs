@@ -87,7 +87,10 @@ pub async fn unlabelled_pods(
     observed: &mut Observed,
     client: &Client,
 ) -> Result<(), kube::Error> {
-    if observed.stateful_set.is_none() {
+    // Only once failover is engaged (a primary was seen healthy): before, a missing pod is one
+    // still being created, and a GET per pass of every new database would cost the apiserver.
+    let engaged = database.status.as_ref().is_some_and(|status| status.failover.timeline.is_some());
+    if observed.stateful_set.is_none() || !engaged {
         return Ok(());
     }
     let name = database.name_any();
