@@ -181,3 +181,56 @@ async fn the_first_instance_recovers_to_a_time_and_starts_as_a_clean_primary() {
     assert_eq!(status.error.as_deref(), Some(error.as_str()));
     assert!(!failed_data.join("PG_VERSION").exists(), "a failed recovery leaves PGDATA empty");
 }
+
+/// Recovery to the end of the archive ("latest") must not stop silently at a missing segment:
+/// PostgreSQL takes a missing file for the end of the archive, so `wal-restore` tells a gap (a
+/// later segment of the same timeline is archived) from the end, and the recovery fails naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_to_the_latest_point_fails_at_a_gap_in_the_archive() {
+    let Some(Loopback { directory: _directory, store, sandbox }) = Loopback::start_or_skip("dbservice-gap-").await
+    else {
+        return;
+    };
+    let bin = sandbox.bin.clone();
+    let credentials = sandbox.directory("credentials");
+    for (file, value) in [("accessKeyId", "test-key"), ("secretAccessKey", "test-secret")] {
+        std::fs::write(credentials.join(file), value).unwrap();
+    }
+    let source_data = sandbox.initdb("source");
+    let source = sandbox.start(&source_data, &[]);
+    let client =
+        wait_for("the source to accept connections", Duration::from_secs(30), async || connect(source.port).await.ok())
+            .await;
+    client.batch_execute("create table rows (batch int not null, written_at timestamptz)").await.unwrap();
+    sandbox.base_backup(source.port);
+    let mut segments = Vec::new();
+    for batch in 1..=3 {
+        client
+            .batch_execute(&format!("insert into rows (batch) select {batch} from generate_series(1, 10)"))
+            .await
+            .unwrap();
+        let segment: String = client.query_one("select pg_walfile_name(pg_switch_wal())", &[]).await.unwrap().get(0);
+        segments.push(segment);
+    }
+    let last = segments.last().unwrap().clone();
+    wait_for(&format!("{last} archived"), Duration::from_secs(60), async || {
+        let archived: String =
+            client.query_one("select coalesce(last_archived_wal, '') from pg_stat_archiver", &[]).await.ok()?.get(0);
+        (archived >= last).then_some(())
+    })
+    .await;
+    // The segment holding batch 2 goes missing; the one holding batch 3 is still there.
+    let keys = store.wal_keys().await;
+    let missing = keys.iter().find(|key| key.contains(&segments[1])).expect("the middle segment archived").clone();
+    store.client.delete_object(&missing).await.unwrap();
+
+    let mut latest = plan(&store.endpoint, "unused");
+    latest.target = None;
+    let pgdata = sandbox.directory("restored").join("pgdata");
+    let (_, outcome) = attempt(&sandbox, &bin, &pgdata, &latest, &credentials).await;
+    let (status, error) = outcome.expect_err("a recovery to the latest point must not stop at a gap");
+    assert_eq!(status.phase, RecoveryPhase::Failed);
+    assert!(error.contains("a gap in the WAL archive"), "{error}");
+    assert!(error.contains(&format!("could not restore file \"{}\"", segments[1])), "{error}");
+    assert!(!pgdata.join("PG_VERSION").exists(), "a failed recovery leaves PGDATA empty");
+}

@@ -97,15 +97,24 @@ fn password_statements(
     .join(";\n")
 }
 
-/// The last FATAL or PANIC lines of a server log, for the condition message.
+/// The last FATAL or PANIC lines of a server log, for the condition message; a wal-restore that
+/// stopped recovery at a gap in the archive is named as such (its own message goes to the
+/// container log, PostgreSQL's only says which exit code).
 fn fatal_lines(log: &str) -> String {
     let lines: Vec<&str> = log.lines().filter(|line| line.contains("FATAL:") || line.contains("PANIC:")).collect();
     let last = &lines[lines.len().saturating_sub(2)..];
     if last.is_empty() {
-        "no FATAL line in its log (see the container log)".into()
-    } else {
-        last.iter().map(|line| line.trim()).collect::<Vec<_>>().join(" / ")
+        return "no FATAL line in its log (see the container log)".into();
     }
+    let text = last.iter().map(|line| line.trim()).collect::<Vec<_>>().join(" / ");
+    let gap = format!("exit code {}", crate::store::wal::GAP_EXIT_STATUS);
+    if text.contains(&gap) {
+        return format!(
+            "a gap in the WAL archive: a segment is missing although later ones are archived, so recovery cannot \
+             reach the end of the archive ({text})"
+        );
+    }
+    text
 }
 
 /// Reads the temporary server's log, copies its tail to standard error (kubectl logs), removes it.

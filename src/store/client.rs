@@ -366,6 +366,33 @@ impl S3Client {
         }
     }
 
+    /// Up to `limit` (at most 1000) objects under `prefix` whose keys sort after `start_after`,
+    /// in key order: one request.
+    pub async fn list_objects_after(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> Result<Vec<ListedObject>, StoreError> {
+        let page_size = limit.clamp(1, 1000).to_string();
+        let mut query = vec![
+            ("list-type", "2"),
+            ("max-keys", page_size.as_str()),
+            ("prefix", prefix),
+            ("start-after", start_after),
+        ];
+        // The canonical query string is sorted by name; sending it sorted keeps both identical.
+        query.sort();
+        let (status, _, body) =
+            self.send(Call { query: &query, ..Call::new("ListObjectsV2", Method::GET, "", LIST_BODY_LIMIT) }).await?;
+        if !status.is_success() {
+            return Err(Self::status_error("ListObjectsV2", prefix, status, &body));
+        }
+        let mut objects = xml::parse_list_page(&String::from_utf8_lossy(&body)).objects;
+        objects.truncate(limit);
+        Ok(objects)
+    }
+
     /// Deletes `key`; deleting a missing key succeeds (S3 semantics).
     pub async fn delete_object(&self, key: &str) -> Result<(), StoreError> {
         let (status, _, body) = self.send(Call::new("DeleteObject", Method::DELETE, key, ERROR_BODY_LIMIT)).await?;

@@ -6,7 +6,7 @@
 use crate::store::client::{S3Client, StoreError};
 use crate::store::compression::{Compression, CompressionError};
 use crate::store::config::{StoreConfigError, WalArchiveArgs, WalRestoreArgs};
-use crate::store::keys::{KeyError, WalFileName};
+use crate::store::keys::{KeyError, KeyLayout, WalFileKind, WalFileName};
 use crate::store::signing::sha256_hex;
 use bytes::Bytes;
 use std::io::Write;
@@ -163,6 +163,15 @@ pub enum WalRestoreError {
         /// Object key.
         key: String,
     },
+    /// The archive lacks a segment although it holds later ones of the same timeline: recovery
+    /// would stop silently at the gap, short of what was asked for.
+    #[error("{missing} is not in the archive although the later {later} is: a gap in the archive, recovery stops here instead of ending early")]
+    Gap {
+        /// The missing segment.
+        missing: String,
+        /// A later segment of the same timeline that is archived.
+        later: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -235,17 +244,79 @@ fn write_atomically(destination: &Path, content: &[u8]) -> Result<(), WalRestore
     std::fs::rename(&temporary, destination).map_err(|error| write_error(destination, error))
 }
 
+/// Exit status of `wal-restore` at a gap: above 125, which PostgreSQL takes for a failed command
+/// rather than a missing file, so recovery fails with the message instead of ending at the gap.
+pub const GAP_EXIT_STATUS: i32 = 200;
+
+/// The exit status of `wal-restore` after `error` (1 means "not there" to PostgreSQL).
+pub fn restore_exit_status(error: &WalRestoreError) -> i32 {
+    match error {
+        WalRestoreError::Gap { .. } => GAP_EXIT_STATUS,
+        _ => 1,
+    }
+}
+
+/// The segment name of an archived WAL key (its last component without the compression suffix),
+/// if it is a whole segment (not a `.partial`, `.history` or `.backup` file).
+fn archived_segment(key: &str) -> Option<String> {
+    let file = key.rsplit('/').next()?;
+    let file = file.strip_suffix(Compression::Zstd.suffix()).unwrap_or(file);
+    let name = WalFileName::parse(file).ok()?;
+    (name.kind() == WalFileKind::Segment).then(|| name.as_str().to_string())
+}
+
+/// Whether the archive holds a segment of `missing`'s timeline after it: then `missing` is a gap,
+/// not the end of the archive. The first keys after it are enough: they sort by segment number.
+async fn later_segment(
+    client: &S3Client,
+    layout: &KeyLayout,
+    missing: &WalFileName,
+) -> Result<Option<String>, StoreError> {
+    let prefix = format!("{}{}/", layout.wal_prefix(), missing.timeline());
+    let after = format!("{prefix}{}", missing.as_str());
+    let listed = client.list_objects_after(&prefix, &after, 100).await?;
+    Ok(listed
+        .iter()
+        .filter_map(|object| archived_segment(&object.key))
+        .find(|segment| segment.as_str() > missing.as_str()))
+}
+
 /// `dbservice-operator wal-restore %f %p`.
 pub async fn restore_command(args: WalRestoreArgs) -> Result<(), WalRestoreError> {
     let name = WalFileName::parse(&args.file_name)?;
     let (client, layout) = args.store.connect()?;
     let key = layout.wal_key(&name, args.store.compression);
-    restore_file(&client, &key, &args.destination, args.store.compression).await
+    match restore_file(&client, &key, &args.destination, args.store.compression).await {
+        Err(WalRestoreError::NotFound { key }) if name.kind() == WalFileKind::Segment => {
+            match later_segment(&client, &layout, &name).await? {
+                Some(later) => Err(WalRestoreError::Gap { missing: name.as_str().to_string(), later }),
+                None => Err(WalRestoreError::NotFound { key }),
+            }
+        }
+        outcome => outcome,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_whole_segments_count_as_later_segments() {
+        let segment = "000000010000000000000007";
+        assert_eq!(archived_segment(&format!("p/s/wal/00000001/{segment}.zst")).as_deref(), Some(segment));
+        assert_eq!(archived_segment(&format!("p/s/wal/00000001/{segment}")).as_deref(), Some(segment));
+        assert_eq!(archived_segment(&format!("p/s/wal/00000001/{segment}.partial.zst")), None);
+        assert_eq!(archived_segment(&format!("p/s/wal/00000001/{segment}.00000028.backup")), None);
+        assert_eq!(archived_segment("p/s/wal/00000002/00000002.history"), None);
+    }
+
+    #[test]
+    fn a_gap_exits_with_a_status_postgresql_takes_for_a_failure() {
+        let gap = WalRestoreError::Gap { missing: "a".into(), later: "b".into() };
+        assert!(restore_exit_status(&gap) > 125);
+        assert_eq!(restore_exit_status(&WalRestoreError::NotFound { key: "k".into() }), 1);
+    }
 
     #[test]
     fn a_new_file_is_uploaded() {
