@@ -239,6 +239,9 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     assert_eq!(ids, vec![backup_id.as_str(), second["id"].as_str().unwrap()]);
     assert_eq!(listed["recoverableWindow"]["firstRecoverabilityPoint"], backup["endTime"]);
     let in_two_days = (chrono::Utc::now() + chrono::Duration::days(2)).to_rfc3339();
+    // The chunk of a backup whose Job was killed before its backup.json: abandoned after a day.
+    let abandoned = format!("{PREFIX}/{SERVER_NAME}/base/20261101T000000Z/data.tar.zst.00000");
+    store.client.put_object(&abandoned, bytes::Bytes::from_static(b"partial"), &[]).await.unwrap();
     let wal_before: Vec<String> = store.wal_keys().await;
     let prune = ["backup-prune", "--retention=1d", &format!("--at={in_two_days}")];
     let dry_run: serde_json::Value =
@@ -247,6 +250,9 @@ async fn base_backup_and_point_in_time_recovery_to_every_target_kind() {
     let pruned: serde_json::Value = serde_json::from_str(&sandbox.run(&prune)).unwrap();
     assert_eq!(pruned["expiredBackups"], dry_run["expiredBackups"]);
     assert_eq!(pruned["expiredBackups"], serde_json::json!([backup_id]));
+    assert_eq!(pruned["abandonedBackups"], serde_json::json!(["20261101T000000Z"]));
+    assert_eq!(dry_run["abandonedBackups"], pruned["abandonedBackups"]);
+    assert!(store.client.get_object(&abandoned, 1024).await.unwrap().is_none(), "the abandoned chunk remains");
     let first_prefix = format!("{PREFIX}/{SERVER_NAME}/base/{backup_id}/");
     assert!(store.client.list_objects(&first_prefix).await.unwrap().is_empty(), "chunks of the expired backup remain");
     let second_begin = second["beginWal"].as_str().unwrap().to_string();

@@ -482,6 +482,7 @@ pub async fn backup_command(args: BaseBackupArgs) -> Result<(), BaseBackupError>
                     serde_json::json!({
                         "expiredBackups": plan.expired_backups,
                         "expiredWalFiles": plan.expired_wal.len(),
+                        "abandonedBackups": plan.abandoned_backups,
                     }),
                 );
             }

@@ -45,7 +45,15 @@ pub async fn prune_command(args: crate::store::config::PruneBackupsArgs) -> Resu
         let backups = crate::store::catalog::list_backups(&client, &layout).await?;
         let wal: Vec<String> =
             crate::store::catalog::list_wal(&client, &layout).await?.into_iter().map(|object| object.key).collect();
-        crate::store::retention::plan(&backups, &wal, args.retention, now)
+        let base = client
+            .list_objects(&layout.base_prefix())
+            .await
+            .map_err(crate::store::retention::EnforceRetentionError::from)?;
+        let abandoned_backups = crate::store::retention::abandoned_backups(&base, &layout.base_prefix(), now);
+        crate::store::retention::RetentionPlan {
+            abandoned_backups,
+            ..crate::store::retention::plan(&backups, &wal, args.retention, now)
+        }
     } else {
         crate::store::retention::enforce(&client, &layout, args.retention, now).await?
     };
@@ -54,6 +62,7 @@ pub async fn prune_command(args: crate::store::config::PruneBackupsArgs) -> Resu
         "at": now,
         "expiredBackups": plan.expired_backups,
         "expiredWal": plan.expired_wal,
+        "abandonedBackups": plan.abandoned_backups,
     });
     println!("{}", serde_json::to_string_pretty(&document).expect("json serializes"));
     Ok(())

@@ -53,6 +53,42 @@ pub struct RetentionPlan {
     pub expired_backups: Vec<String>,
     /// Keys of the WAL objects to delete.
     pub expired_wal: Vec<String>,
+    /// Ids of abandoned backups (chunks without `backup.json`, untouched for
+    /// [`ABANDONED_AFTER`]: a backup Job killed before it finished), deleted by `enforce`.
+    pub abandoned_backups: Vec<String>,
+}
+
+/// How long a backup's chunks may sit without its `backup.json` before they count as abandoned:
+/// far longer than any backup writes nothing (a backup in progress writes a chunk at least every
+/// few minutes and its manifest once its WAL is archived).
+pub const ABANDONED_AFTER: chrono::Duration = chrono::Duration::hours(24);
+
+/// The ids of backups under `base_prefix` that have chunks but no `backup.json` and whose newest
+/// object is older than [`ABANDONED_AFTER`] at `now` (pure). An object whose time cannot be read
+/// keeps its backup: nothing is deleted on doubt.
+pub fn abandoned_backups(
+    objects: &[crate::store::xml::ListedObject],
+    base_prefix: &str,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    let mut backups: std::collections::BTreeMap<&str, (bool, Option<DateTime<Utc>>)> = Default::default();
+    for object in objects {
+        let Some((id, file)) = object.key.strip_prefix(base_prefix).and_then(|rest| rest.split_once('/')) else {
+            continue;
+        };
+        let modified = DateTime::parse_from_rfc3339(&object.last_modified).ok().map(|time| time.with_timezone(&Utc));
+        let entry = backups.entry(id).or_insert((false, Some(DateTime::<Utc>::MIN_UTC)));
+        entry.0 |= file == "backup.json";
+        entry.1 = match (entry.1, modified) {
+            (Some(newest), Some(modified)) => Some(newest.max(modified)),
+            _ => None,
+        };
+    }
+    backups
+        .into_iter()
+        .filter(|(_, (complete, newest))| !complete && newest.is_some_and(|newest| now - newest > ABANDONED_AFTER))
+        .map(|(id, _)| id.to_string())
+        .collect()
 }
 
 /// The WAL file name of an object key (`…/wal/<timeline>/<name>[.zst]`).
@@ -88,7 +124,11 @@ pub fn plan(
         })
         .cloned()
         .collect();
-    RetentionPlan { expired_backups: expired.iter().map(|backup| backup.id.clone()).collect(), expired_wal }
+    RetentionPlan {
+        expired_backups: expired.iter().map(|backup| backup.id.clone()).collect(),
+        expired_wal,
+        abandoned_backups: Vec::new(),
+    }
 }
 
 /// Why enforcing retention stopped.
@@ -126,7 +166,15 @@ pub async fn enforce(
     for key in &plan.expired_wal {
         client.delete_object(key).await?;
     }
-    Ok(plan)
+    let base = client.list_objects(&layout.base_prefix()).await?;
+    let abandoned = abandoned_backups(&base, &layout.base_prefix(), now);
+    for id in &abandoned {
+        let prefix = format!("{}{id}/", layout.base_prefix());
+        for object in base.iter().filter(|object| object.key.starts_with(&prefix)) {
+            client.delete_object(&object.key).await?;
+        }
+    }
+    Ok(RetentionPlan { abandoned_backups: abandoned, ..plan })
 }
 
 #[cfg(test)]
@@ -210,6 +258,27 @@ mod tests {
                 "p/orders/wal/00000001/000000010000000000000063.partial.zst".to_string(),
             ]
         );
+    }
+
+    #[test]
+    fn chunks_without_a_manifest_untouched_for_a_day_are_abandoned() {
+        let object = |key: &str, hours_ago: i64| crate::store::xml::ListedObject {
+            key: format!("p/s/base/{key}"),
+            size: 1,
+            last_modified: (day(20) - chrono::Duration::hours(hours_ago)).to_rfc3339(),
+        };
+        let objects = [
+            object("killed/data.tar.zst.00000", 30),
+            object("killed/data.tar.zst.00001", 25),
+            object("running/data.tar.zst.00000", 30),
+            object("running/data.tar.zst.00001", 1),
+            object("complete/data.tar.zst.00000", 90),
+            object("complete/backup.json", 90),
+        ];
+        assert_eq!(abandoned_backups(&objects, "p/s/base/", day(20)), ["killed"]);
+        let mut unreadable = objects.to_vec();
+        unreadable[1].last_modified = "yesterday".into();
+        assert!(abandoned_backups(&unreadable, "p/s/base/", day(20)).is_empty(), "nothing is deleted on doubt");
     }
 
     #[test]
