@@ -180,6 +180,44 @@ async fn failover_when_the_primary_hangs_fences_it_and_it_rejoins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_killed_by_its_fence_is_failed_over_not_restarted_in_place() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    // The fence comes first: the agents call a server unresponsive only after 10 s, the watchdog
+    // kills it 3 s after its last renewal. A failover delay longer than a restart in place.
+    let settings = FailoverSettings { failover_delay: Duration::from_secs(2), ..Default::default() };
+    let adjust =
+        |config: &mut dbservice_operator::instance::InstanceConfig| config.unresponsive_after = Duration::from_secs(10);
+    let mut cluster = Cluster::start_with_agents(pg_bin, NAMES, settings, &[], adjust).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_millis(500), 5).await;
+    let old_data = cluster.pgdata("db-0");
+    let old_pid = loopback::postmaster_pid(&old_data);
+    let hung = Instant::now();
+    signal_postgres(&old_data, libc::SIGSTOP);
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let promoted = hung.elapsed();
+    let new_port = cluster.port("db-1");
+    first_commit_after(&cluster, hung, new_port, "a commit on the new primary").await;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    let changes = primary_changes(&cluster);
+    assert!(
+        changes
+            .iter()
+            .any(|(kind, from, to, _, _)| *kind == TransitionKind::Failover && from == "db-0" && to == "db-1"),
+        "the hung primary was failed over: {changes:?}"
+    );
+    assert_ne!(loopback::postmaster_pid(&old_data), old_pid, "the hung server was killed");
+    cluster.assert_follows("db-0", "db-1").await;
+    eprintln!(
+        "FIGURES hung primary fenced before it was reported: db-1 promoted {:.2} s after the hang; {} acknowledged, {} lost (asynchronous)",
+        promoted.as_secs_f64(),
+        acknowledged.len(),
+        lost.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_shorter_than_the_unresponsive_window_starts_no_failover() {
     let Some(pg_bin) = loopback::pg_bin() else { return };
     let mut cluster = Cluster::start(pg_bin, NAMES).await;

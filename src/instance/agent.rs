@@ -66,6 +66,9 @@ pub struct Agent<C> {
     watchdog: Option<Watchdog>,
     /// Health queries that failed in a row, and when the first of them failed.
     unanswered: Option<(u32, Instant)>,
+    /// When this primary's server was last fenced (by the agent or its watchdog) for a missed
+    /// renew deadline: it stays down for a Lease duration from then (see `held_down_after_fence`).
+    fenced_at: Option<Instant>,
     /// `synchronous_standby_names` the operator last asked for.
     synchronous_wanted: Option<String>,
     /// The value the running server has (written and reloaded, or read at its start).
@@ -127,6 +130,7 @@ impl<C: ControlPlane> Agent<C> {
             fence_file,
             watchdog: None,
             unanswered: None,
+            fenced_at: None,
             synchronous_wanted: None,
             synchronous_applied: None,
         }
@@ -291,6 +295,12 @@ impl<C: ControlPlane> Agent<C> {
                 }
             }
             LocalState::Down => {
+                if self.role == Some(Role::Primary) && self.fence_deadline_passed() {
+                    // The watchdog killed it at the deadline this agent armed.
+                    tracing::warn!(instance = %me, "primary fenced by the watchdog: held down for a failover");
+                    self.fenced_at = Some(Instant::now());
+                    self.last_renewal = None;
+                }
                 if self.role == Some(Role::Primary) && target_other {
                     // Stopped (crashed, or killed by the fence watchdog) while another instance
                     // is wanted: nothing of it runs, so the Lease is freed now instead of being
@@ -440,7 +450,23 @@ impl<C: ControlPlane> Agent<C> {
         tracing::warn!(instance = %self.config.name, reason, "fencing: stopping PostgreSQL");
         self.postgres.kill().await;
         self.last_renewal = None;
+        self.fenced_at = Some(Instant::now());
         self.keep_fence();
+    }
+
+    /// Whether the fence deadline of this primary's last renewal has passed.
+    fn fence_deadline_passed(&self) -> bool {
+        self.last_renewal.is_some_and(|renewed| must_fence(renewed.elapsed(), &self.config.lease))
+    }
+
+    /// Whether a fence of this primary is recent enough (within a Lease duration) to keep it from
+    /// restarting in place. A hung server killed by its fence is the failure a failover is for:
+    /// restarted at once (crash recovery takes a second), the operator would see it down for a
+    /// moment or not at all, and the database would keep a primary that hung (seen on the real
+    /// node: no failover within 180 s). Held down, it is failed over; with no candidate the failover
+    /// is abandoned, and after the hold it restarts as primary.
+    fn held_down_after_fence(&self) -> bool {
+        self.fenced_at.is_some_and(|fenced| fenced.elapsed() < self.config.lease.duration)
     }
 
     async fn promote_when_allowed(&mut self, sample: &Sample, switchover: bool) -> Result<(), AgentError> {
@@ -624,6 +650,9 @@ impl<C: ControlPlane> Agent<C> {
         match (standby_data, target_me, named_other, &desired.upstream) {
             // A primary restarts in place (crash recovery) only while it can hold the Lease.
             (false, true, _, _) => {
+                if self.held_down_after_fence() {
+                    return Ok(());
+                }
                 let (record, _, _) = self.read_lease().await?;
                 let local = standby::shutdown_checkpoint(&self.config).await?.timeline;
                 if let Some(leased) = record.timeline.filter(|leased| *leased > local) {
@@ -704,6 +733,7 @@ impl<C: ControlPlane> Agent<C> {
             self.synchronous_applied = Some(wanted);
         }
         self.postgres.start()?;
+        self.fenced_at = None;
         self.role = Some(role);
         self.upstream_set = match role {
             Role::Standby => {

@@ -328,6 +328,18 @@ impl Cluster {
         settings: FailoverSettings,
         server_settings: &[(&str, &str)],
     ) -> Cluster {
+        Self::start_with_agents(pg_bin, names, settings, server_settings, |_| {}).await
+    }
+
+    /// Like [`Cluster::start_with_server_settings`], with every agent's configuration changed by
+    /// `adjust` before it starts.
+    pub async fn start_with_agents(
+        pg_bin: PathBuf,
+        names: &[&str],
+        settings: FailoverSettings,
+        server_settings: &[(&str, &str)],
+        adjust: impl Fn(&mut InstanceConfig),
+    ) -> Cluster {
         // The agents' logs go to the test output (shown for failing tests, or with --nocapture).
         let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("dbservice_operator=info").try_init();
         let owner = os_user();
@@ -345,7 +357,7 @@ impl Cluster {
             std::fs::create_dir_all(base.join("data")).unwrap();
             std::fs::create_dir_all(base.join("run")).unwrap();
             let port = free_port();
-            let config = InstanceConfig {
+            let mut config = InstanceConfig {
                 name: name.to_string(),
                 pg_bin: pg_bin.clone(),
                 pgdata: base.join("data/pgdata"),
@@ -370,6 +382,7 @@ impl Cluster {
                 unresponsive_after: Duration::from_secs(2),
                 watchdog_binary: None,
             };
+            adjust(&mut config);
             world.ports.insert(name.to_string(), port);
             world.pgdata.insert(name.to_string(), config.pgdata.clone());
             configs.insert(name.to_string(), config);
