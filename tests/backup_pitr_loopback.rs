@@ -13,6 +13,8 @@
 
 #[path = "support/object_store.rs"]
 mod object_store;
+#[path = "support/ports.rs"]
+mod ports;
 
 use object_store::*;
 use std::time::Duration;

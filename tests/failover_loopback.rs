@@ -7,6 +7,8 @@
 
 #[path = "support/loopback.rs"]
 mod loopback;
+#[path = "support/ports.rs"]
+mod ports;
 
 use chrono::Utc;
 use dbservice_operator::api::failover::{FailoverSettings, Transition, TransitionKind};

@@ -9,6 +9,8 @@
 
 #[path = "support/object_store.rs"]
 mod object_store;
+#[path = "support/ports.rs"]
+mod ports;
 
 use dbservice_operator::api::backup::{CredentialsSecret, ObjectStore, RecoveryTargetSpec};
 use dbservice_operator::api::recovery::{RecoveryPhase, RecoveryPlan, RecoveryStatus};

@@ -13,8 +13,10 @@
 //! /usr/lib/postgresql/*/bin, else `pg_config --bindir`. Without binaries the test is skipped,
 //! except under CI=true, where it first tries `apt-get install postgresql` and otherwise fails.
 
+#[path = "support/ports.rs"]
+mod ports;
+
 use std::fs::{self, File};
-use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -126,15 +128,6 @@ fn chown_tree(path: &Path, owner: Option<(u32, u32)>) {
     }
 }
 
-fn free_port(avoid: &[u16]) -> u16 {
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().unwrap().port();
-        if !avoid.contains(&port) {
-            return port;
-        }
-    }
-}
-
 /// Signal a whole process group (the scripts run in their own group: bash, pg_basebackup,
 /// postgres and its children).
 fn signal_group(pgid: u32, signal: &str) {
@@ -188,8 +181,8 @@ impl Harness {
             // ConfigMap volumes default to 0644: the scripts must not need the exec bit
             fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         }
-        let primary_port = free_port(&[]);
-        let standby_port = free_port(&[primary_port]);
+        let primary_port = ports::unused_port();
+        let standby_port = ports::unused_port();
         let node = |ordinal: u32, port: u16| {
             let dir = base.join(format!("{STATEFULSET}-{ordinal}"));
             // PGDATA is a subdirectory of the "volume" (data/), like in the pod

@@ -18,6 +18,8 @@
 mod loopback;
 #[path = "support/object_store.rs"]
 mod object_store;
+#[path = "support/ports.rs"]
+mod ports;
 
 use dbservice_operator::api::backup::BackupSpec;
 use dbservice_operator::api::failover::{ArchivingReport, FailoverSettings};

@@ -11,6 +11,8 @@ mod leader;
 #[path = "../support/object_store.rs"]
 mod object_store;
 mod pipeline;
+#[path = "../support/ports.rs"]
+mod ports;
 mod quiet;
 mod smoke;
 mod support;

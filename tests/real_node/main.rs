@@ -17,6 +17,8 @@ mod node;
 #[path = "../support/object_store.rs"]
 mod object_store;
 mod operator;
+#[path = "../support/ports.rs"]
+mod ports;
 mod postgres;
 mod recovery;
 mod rolling;

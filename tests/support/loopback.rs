@@ -102,10 +102,6 @@ fn chown_tree(path: &Path, owner: Option<(u32, u32)>) {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// What the API server would hold.
 #[derive(Default)]
 pub struct World {
@@ -356,7 +352,7 @@ impl Cluster {
             let base = dir.path().join(name);
             std::fs::create_dir_all(base.join("data")).unwrap();
             std::fs::create_dir_all(base.join("run")).unwrap();
-            let port = free_port();
+            let port = crate::ports::unused_port();
             let mut config = InstanceConfig {
                 name: name.to_string(),
                 pg_bin: pg_bin.clone(),

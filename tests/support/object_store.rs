@@ -5,7 +5,6 @@
 
 use dbservice_operator::store::client::{Addressing, S3Client, StoreSettings};
 use dbservice_operator::store::signing::AccessKey;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -83,8 +82,9 @@ pub fn run_as() -> Option<(u32, u32)> {
         .or_else(|| panic!("running as root, but no postgres or nobody user to run PostgreSQL"))
 }
 
+/// A TCP port for a server started later (see `ports`).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    crate::ports::unused_port()
 }
 
 /// Kills a child process when dropped (also when the test panics).
@@ -146,7 +146,7 @@ impl Store {
 
     /// moto_server listening on `host` (e.g. the real node's bridge address, for pods).
     pub async fn start_on(moto: &Path, log: &Path, host: &str) -> Store {
-        let port = TcpListener::bind((host, 0)).unwrap().local_addr().unwrap().port();
+        let port = crate::ports::unused_port();
         let log = std::fs::File::create(log).unwrap();
         let server = Process(
             Command::new(moto)

@@ -4,7 +4,7 @@
 
 use super::{admin_kubeconfig, kubectl, repository, tool};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -23,7 +23,7 @@ pub const ISOLATION_LABEL: &str = "dbservice.dev/e2e-isolated";
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    crate::ports::unused_port()
 }
 
 /// Directory for logs of processes started by the suite.
