@@ -163,11 +163,14 @@ fn stateful_set_takes_credentials_from_the_secret_and_holds_no_literal_password(
             })
             .collect();
         let secret = format!("{name}-credentials");
-        for (variable, key) in [
-            ("POSTGRES_USER", "username"),
-            ("POSTGRES_PASSWORD", "password"),
-            ("POSTGRES_DB", "database"),
-            ("REPLICATION_PASSWORD", "replication-password"),
+        let superuser = format!("{name}-superuser");
+        for (variable, secret, key) in [
+            ("APPLICATION_USER", &secret, "username"),
+            ("APPLICATION_PASSWORD", &secret, "password"),
+            ("POSTGRES_DB", &secret, "database"),
+            ("REPLICATION_PASSWORD", &secret, "replication-password"),
+            // The server's superuser is postgres, with a password of its own.
+            ("POSTGRES_PASSWORD", &superuser, "password"),
         ] {
             assert_eq!(
                 from_secret.get(variable),
@@ -175,6 +178,11 @@ fn stateful_set_takes_credentials_from_the_secret_and_holds_no_literal_password(
                 "{file}: {variable} must come from Secret {secret} key {key}"
             );
         }
+        let plain =
+            |name: &str| env.iter().find(|variable| variable.name == name).and_then(|variable| variable.value.clone());
+        assert_eq!(plain("POSTGRES_USER").as_deref(), Some("postgres"), "{file}");
+        let access = if database.spec.superuser_access_enabled() { "on" } else { "off" };
+        assert_eq!(plain("SUPERUSER_NETWORK_ACCESS").as_deref(), Some(access), "{file}");
         for variable in &env {
             if variable.name.contains("PASSWORD") {
                 assert!(variable.value.is_none(), "{file}: {} has a literal value", variable.name);

@@ -40,6 +40,7 @@ fn instance_config(sandbox: &Sandbox, bin: &Path, pgdata: &Path) -> InstanceConf
         socket_dir: sandbox.base.clone(),
         listen_addresses: String::new(),
         superuser: "postgres".into(),
+        roles: None,
         replication_user: "replicator".into(),
         replication_password: "new-replication-password".into(),
         settings: vec![("fsync".into(), "off".into())],

@@ -221,6 +221,8 @@ impl Harness {
             .env("PG_SOCKET_DIR", node.dir.join("run"))
             .env("LISTEN_ADDRESSES", "127.0.0.1")
             .env("POSTGRES_USER", POSTGRES_USER)
+            // The test connects over TCP as the superuser.
+            .env("SUPERUSER_NETWORK_ACCESS", "on")
             .env("POSTGRES_PASSWORD", POSTGRES_PASSWORD)
             .env("POSTGRES_DB", POSTGRES_DB)
             .env("REPLICATION_USER", REPLICATION_USER)

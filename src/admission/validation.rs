@@ -5,6 +5,7 @@
 
 pub use crate::admission::field_error::{FieldError, FieldErrorKind, ValidationOutcome};
 use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
+use crate::api::pod::{REPLICATION_USER, SUPERUSER};
 pub use crate::api::version::{major_version, VERSION_PATTERN};
 use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
 use chrono::NaiveDate;
@@ -119,12 +120,12 @@ pub fn validate(
     }
     validate_identifier("spec.databaseName", &spec.database_name, &mut outcome.errors);
     validate_identifier("spec.username", &spec.username, &mut outcome.errors);
-    if spec.username == "postgres" || spec.username.starts_with("pg_") {
+    if [SUPERUSER, REPLICATION_USER].contains(&spec.username.as_str()) || spec.username.starts_with("pg_") {
         outcome.errors.push(FieldError {
             path: "spec.username".into(),
             kind: FieldErrorKind::Forbidden,
             detail: format!(
-                "{:?} is reserved: \"postgres\" and names starting with \"pg_\" belong to PostgreSQL",
+                "{:?} is reserved: \"{SUPERUSER}\" and names starting with \"pg_\" belong to PostgreSQL, \"{REPLICATION_USER}\" to replication",
                 spec.username
             ),
         });

@@ -51,7 +51,8 @@ pub struct DatabaseServiceSpec {
     /// Name of the application database; immutable.
     #[schemars(length(min = 1, max = 63))]
     pub database_name: String,
-    /// Name of the application role; immutable, not "postgres" and not starting with "pg_".
+    /// Name of the application role (it owns the database and is not a superuser); immutable, not
+    /// "postgres" or "replicator" and not starting with "pg_".
     #[schemars(length(min = 1, max = 63))]
     pub username: String,
     /// Container image; defaults to postgres:<version>. The tag must not be "latest".
@@ -80,6 +81,10 @@ pub struct DatabaseServiceSpec {
     /// Failover, switchover and fencing settings (all optional, with safe defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverSpec>,
+    /// Allow logins over the network as the superuser `postgres` (its password is in the Secret
+    /// NAME-superuser). Off by default: the superuser can then log in only inside the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_superuser_access: Option<bool>,
 }
 
 /// Failover and switchover settings (spec.failover), validated by the webhook. A switchover is
@@ -261,6 +266,11 @@ impl DatabaseServiceSpec {
     /// Deletion policy with the default applied.
     pub fn deletion_policy_or_default(&self) -> DeletionPolicy {
         self.deletion_policy.unwrap_or_default()
+    }
+
+    /// Whether the superuser may log in over the network.
+    pub fn superuser_access_enabled(&self) -> bool {
+        self.enable_superuser_access.unwrap_or(false)
     }
 
     /// Whether reconciliation is paused.

@@ -33,6 +33,10 @@ impl ChildNames {
     pub fn credentials(name: &str) -> String {
         format!("{name}-credentials")
     }
+    /// Superuser Secret (the `postgres` role's password; never mounted by applications).
+    pub fn superuser(name: &str) -> String {
+        format!("{name}-superuser")
+    }
     /// Scripts ConfigMap.
     pub fn scripts(name: &str) -> String {
         format!("{name}-scripts")

@@ -3,6 +3,8 @@
 
 /// PostgreSQL port.
 pub const POSTGRES_PORT: i32 = 5432;
+/// The superuser role (the application's role is never one).
+pub const SUPERUSER: &str = "postgres";
 /// Role used by standbys to stream from the primary.
 pub const REPLICATION_USER: &str = "replicator";
 /// Pod-template annotation whose change restarts every pod (like `kubectl rollout restart`).

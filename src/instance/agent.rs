@@ -6,6 +6,7 @@ use crate::instance::archiving::archiving_report;
 use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
+use crate::instance::roles::{write_superuser_rule, RolesKeeper};
 use crate::instance::standby::{self, StandbyError};
 use crate::instance::watchdog::{FenceFile, Watchdog};
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
@@ -73,6 +74,8 @@ pub struct Agent<C> {
     synchronous_wanted: Option<String>,
     /// The value the running server has (written and reloaded, or read at its start).
     synchronous_applied: Option<String>,
+    /// The superuser and the application's role, kept once per start of a primary.
+    roles: RolesKeeper,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -133,6 +136,7 @@ impl<C: ControlPlane> Agent<C> {
             fenced_at: None,
             synchronous_wanted: None,
             synchronous_applied: None,
+            roles: RolesKeeper::default(),
         }
     }
 
@@ -234,6 +238,9 @@ impl<C: ControlPlane> Agent<C> {
             if let Err(error) = self.keep_synchronous_standbys().await {
                 tracing::warn!(instance = %self.config.name, %error, "could not set synchronous_standby_names");
             }
+        }
+        if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
+            self.roles.keep(&self.config);
         }
         let me = self.config.name.as_str();
         let target_me = desired.target_primary.as_deref() == Some(me);
@@ -726,6 +733,11 @@ impl<C: ControlPlane> Agent<C> {
 
     fn start(&mut self, role: Role, upstream: Option<&Upstream>) -> Result<(), AgentError> {
         standby::write_required_settings(&self.config)?;
+        if let Some(roles) = &self.config.roles {
+            write_superuser_rule(&self.config, roles.superuser_network_access)
+                .map_err(|error| StandbyError::Files { path: self.config.pgdata.join("pg_hba.conf"), source: error })?;
+        }
+        self.roles.restart();
         // A clone or a rewind copied the source's value, which names this instance.
         self.synchronous_applied = None;
         if let Some(wanted) = self.synchronous_wanted.clone() {

@@ -13,6 +13,7 @@ pub mod args;
 pub mod kubernetes;
 pub mod postgres;
 pub mod recovery;
+pub mod roles;
 pub mod run;
 pub mod standby;
 pub mod watchdog;
@@ -44,6 +45,10 @@ pub struct InstanceConfig {
     pub listen_addresses: String,
     /// Superuser for the local connection (peer/trust over the socket).
     pub superuser: String,
+    /// The superuser's and the application's roles, kept by the primary (None: left as they are,
+    /// as tests that bring their own cluster want). Their application role is also the local
+    /// connection's fallback while a database made before issue 22 has no `superuser` role yet.
+    pub roles: Option<crate::instance::roles::RoleSettings>,
     /// Role used to stream, clone and rewind from the primary.
     pub replication_user: String,
     /// Its password (environment only; never on a command line or in a log).
@@ -72,7 +77,7 @@ pub struct InstanceConfig {
 }
 
 impl InstanceConfig {
-    fn chown(&self, paths: &[&Path]) {
+    pub(crate) fn chown(&self, paths: &[&Path]) {
         if let Some((uid, gid)) = self.os_user {
             for path in paths {
                 let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
@@ -144,6 +149,7 @@ pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
                 socket_dir: status.socket_dir,
                 listen_addresses: String::new(),
                 superuser: status.user,
+                roles: None,
                 replication_user: String::new(),
                 replication_password: String::new(),
                 settings: Vec::new(),

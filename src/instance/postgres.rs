@@ -206,24 +206,48 @@ impl Postgres {
         if self.client.as_ref().is_some_and(|client| !client.is_closed()) {
             return Ok(self.client.as_ref().expect("checked"));
         }
-        let mut pg_config = tokio_postgres::Config::new();
-        pg_config
-            .host_path(&self.config.socket_dir)
-            .port(self.config.port)
-            .user(&self.config.superuser)
-            .dbname("postgres")
-            .application_name("dbservice-instance")
-            .connect_timeout(self.config.health_timeout);
-        let connect = pg_config.connect(NoTls);
-        let (client, connection) = tokio::time::timeout(self.config.health_timeout, connect)
-            .await
-            .map_err(|_| PostgresError::Timeout(self.config.health_timeout))?
-            .map_err(|error| PostgresError::Connect(error.to_string()))?;
+        let (client, connection) = match self.connect_as(&self.config.superuser).await {
+            // A database made before issue 22: its superuser is the application's role until
+            // the primary's agent migrates it (see `roles`).
+            Err(PostgresError::Connect(reason)) if reason.contains("does not exist") && self.config.roles.is_some() => {
+                let fallback =
+                    self.config.roles.as_ref().map(|roles| roles.application_user.clone()).unwrap_or_default();
+                self.connect_as(&fallback).await.map_err(|_| PostgresError::Connect(reason))?
+            }
+            connected => connected?,
+        };
         tokio::spawn(async move {
             // Ends when the server or the client goes away; the next call reconnects.
             let _ = connection.await;
         });
         Ok(self.client.insert(client))
+    }
+
+    async fn connect_as(
+        &self,
+        user: &str,
+    ) -> Result<
+        (Client, tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>),
+        PostgresError,
+    > {
+        let mut pg_config = tokio_postgres::Config::new();
+        pg_config
+            .host_path(&self.config.socket_dir)
+            .port(self.config.port)
+            .user(user)
+            .dbname("postgres")
+            .application_name("dbservice-instance")
+            .connect_timeout(self.config.health_timeout);
+        let connect = pg_config.connect(NoTls);
+        tokio::time::timeout(self.config.health_timeout, connect)
+            .await
+            .map_err(|_| PostgresError::Timeout(self.config.health_timeout))?
+            .map_err(|error| {
+                // The server's message (Display of a server error says only "db error").
+                let reason =
+                    error.as_db_error().map(|db| db.message().to_string()).unwrap_or_else(|| error.to_string());
+                PostgresError::Connect(reason)
+            })
     }
 
     async fn bounded<T>(

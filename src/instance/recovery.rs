@@ -74,16 +74,22 @@ fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-/// Statements giving the superuser and the replication role this database's passwords (the
-/// restored roles carry the source's). No statement is logged, even when it fails.
-fn password_statements(
-    superuser: &str,
-    superuser_password: &str,
-    replication_user: &str,
-    replication_password: &str,
-) -> String {
+/// Statements giving the superuser, the application's role and the replication role this
+/// database's passwords (the restored roles carry the source's). A source made before issue 22
+/// has no role `superuser` (its application role is the superuser; the primary's agent migrates
+/// it later, see `roles`), a foreign source may lack the application's: only existing ones are
+/// set. No statement is logged, even when it fails.
+fn password_statements(logins: &[(&str, &str)], replication_user: &str, replication_password: &str) -> String {
     let replication = identifier(replication_user);
-    [
+    let set_if_exists = |(role, password): &(&str, &str)| {
+        format!(
+            "DO $dbservice$BEGIN IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {}) THEN ALTER ROLE {} WITH LOGIN PASSWORD {}; END IF; END$dbservice$",
+            literal(role),
+            identifier(role),
+            literal(password)
+        )
+    };
+    let mut statements = vec![
         "SET log_statement = 'none'".to_string(),
         "SET log_min_error_statement = 'panic'".to_string(),
         "SET password_encryption = 'scram-sha-256'".to_string(),
@@ -91,10 +97,20 @@ fn password_statements(
             "DO $$BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {}) THEN CREATE ROLE {replication}; END IF; END$$",
             literal(replication_user)
         ),
-        format!("ALTER ROLE {} WITH LOGIN PASSWORD {}", identifier(superuser), literal(superuser_password)),
         format!("ALTER ROLE {replication} WITH REPLICATION LOGIN PASSWORD {}", literal(replication_password)),
-    ]
-    .join(";\n")
+    ];
+    statements.extend(logins.iter().map(set_if_exists));
+    statements.join(";\n")
+}
+
+/// The roles whose passwords the restored database gets: the superuser's, and the
+/// application's when the agent keeps roles.
+fn logins<'a>(config: &'a InstanceConfig, superuser_password: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut logins = vec![(config.superuser.as_str(), superuser_password)];
+    if let Some(roles) = &config.roles {
+        logins.push((roles.application_user.as_str(), roles.application_password.as_str()));
+    }
+    logins
 }
 
 /// The last FATAL or PANIC lines of a server log, for the condition message; a wal-restore that
@@ -220,8 +236,7 @@ async fn attempt_recovery(
     let promoted = match promoted {
         Ok(()) => postgres
             .execute(&password_statements(
-                &config.superuser,
-                superuser_password,
+                &logins(config, superuser_password),
                 &config.replication_user,
                 &config.replication_password,
             ))
@@ -335,9 +350,12 @@ mod tests {
 
     #[test]
     fn passwords_are_set_as_literals_without_logging() {
-        let statements = password_statements("app_user", "it's secret", "replicator", "r\"pl");
+        let statements = password_statements(&[("postgres", "su"), ("app_user", "it's secret")], "replicator", "r\"pl");
         assert!(statements.starts_with("SET log_statement = 'none'"));
-        assert!(statements.contains("ALTER ROLE \"app_user\" WITH LOGIN PASSWORD 'it''s secret'"));
+        assert!(statements.contains("THEN ALTER ROLE \"app_user\" WITH LOGIN PASSWORD 'it''s secret'; END IF"));
+        assert!(
+            statements.contains("WHERE rolname = 'postgres') THEN ALTER ROLE \"postgres\" WITH LOGIN PASSWORD 'su'")
+        );
         assert!(statements.contains("ALTER ROLE \"replicator\" WITH REPLICATION LOGIN PASSWORD 'r\"pl'"));
         assert!(statements.contains("WHERE rolname = 'replicator') THEN CREATE ROLE \"replicator\""));
     }

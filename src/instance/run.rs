@@ -7,6 +7,7 @@ use crate::api::recovery::{retry_pause, RecoveryPlan, RecoveryStatus, RECOVERY_P
 use crate::instance::args::{InstallBinaryArgs, InstanceRunArgs};
 use crate::instance::kubernetes::KubeControlPlane;
 use crate::instance::postgres::initialized;
+use crate::instance::roles::RoleSettings;
 use crate::instance::{Agent, ControlPlane, InstanceConfig};
 use crate::lease::LeaseTimings;
 use anyhow::Context as _;
@@ -42,6 +43,7 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
         socket_dir: args.socket_dir.clone(),
         listen_addresses: "*".into(),
         superuser: args.superuser.clone(),
+        roles: role_settings()?,
         replication_user: args.replication_user.clone(),
         replication_password,
         settings: server_settings(
@@ -63,6 +65,21 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
                 .unwrap_or_else(|_| PathBuf::from(crate::api::pod::AGENT_DIRECTORY).join("dbservice-operator")),
         ),
     })
+}
+
+/// The roles the primary keeps, from the pod's environment (APPLICATION_USER and its password,
+/// POSTGRES_DB, POSTGRES_PASSWORD for the superuser, SUPERUSER_NETWORK_ACCESS); None without
+/// APPLICATION_USER (an instance of a StatefulSet from before issue 22).
+fn role_settings() -> anyhow::Result<Option<RoleSettings>> {
+    let Ok(application_user) = std::env::var("APPLICATION_USER") else { return Ok(None) };
+    let variable = |name: &str| std::env::var(name).with_context(|| format!("environment variable {name} must be set"));
+    Ok(Some(RoleSettings {
+        application_user,
+        application_password: variable("APPLICATION_PASSWORD")?,
+        database: variable("POSTGRES_DB")?,
+        superuser_password: variable("POSTGRES_PASSWORD")?,
+        superuser_network_access: std::env::var("SUPERUSER_NETWORK_ACCESS").is_ok_and(|value| value == "on"),
+    }))
 }
 
 /// Server settings the agent writes before every start: replication, and continuous archiving

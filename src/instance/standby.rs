@@ -393,6 +393,7 @@ mod tests {
             socket_dir: PathBuf::new(),
             listen_addresses: "*".into(),
             superuser: "postgres".into(),
+            roles: None,
             replication_user: "replicator".into(),
             replication_password: r"it's a \secret".into(),
             settings: vec![("wal_keep_size".into(), "256MB".into())],

@@ -361,6 +361,7 @@ impl Cluster {
                 socket_dir: base.join("run"),
                 listen_addresses: "127.0.0.1".into(),
                 superuser: SUPERUSER.into(),
+                roles: None,
                 replication_user: SUPERUSER.into(),
                 replication_password: PASSWORD.into(),
                 // As the pod scripts set it: keeps the WAL pg_rewind reads back to the last common checkpoint.
@@ -434,6 +435,11 @@ impl Cluster {
         // been healthy, as the controller will gate it.
         cluster.start_operator(settings);
         cluster
+    }
+
+    /// The agent configuration of instance `name`.
+    pub fn config(&self, name: &str) -> InstanceConfig {
+        self.configs[name].clone()
     }
 
     pub fn port(&self, name: &str) -> u16 {

@@ -142,10 +142,9 @@ fn backup_environment(
         secret_env("PGUSER", &credentials, "replication-username"),
         secret_env("PGPASSWORD", &credentials, "replication-password"),
         // pg_switch_wal() on the primary completes the backup's last segment at once; the
-        // replication role may not call it, the database owner may.
+        // replication role is granted it (the application's role is no superuser and needs no
+        // part in backups).
         plain_env("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
-        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_USER", &credentials, "username"),
-        secret_env("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD", &credentials, "password"),
         plain_env("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
     ];
     if let Some(retention) = retention {

@@ -77,14 +77,18 @@ async fn apply_children(
     context: &PassContext,
     applied: &mut Applied,
 ) -> Result<(), kube::Error> {
-    let Desired { credentials, scripts, services, stateful_set, instance_access } = desired;
+    let Desired { credentials, superuser, scripts, services, stateful_set, instance_access } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
     let client = &context.shared.client;
-    if let Some(secret) = credentials {
+    for (secret, is_superuser) in [(credentials, false), (superuser, true)] {
+        let Some(secret) = secret else { continue };
         if !create_credentials(database, &secret, context, &key).await? {
-            applied.credentials_conflict = true;
+            applied.credentials_conflict = Some(secret.name_any());
             return Ok(());
+        }
+        if is_superuser {
+            applied.superuser_created = Some(secret.name_any());
         }
     }
     // The scripts, the Services and the agents' access do not depend on each other: written at
@@ -228,7 +232,8 @@ async fn release_primary_lease(
     }
 }
 
-/// Creates the credentials Secret; false when its name is taken by a Secret that is not ours.
+/// Creates the credentials (or superuser) Secret; false when its name is taken by a Secret that
+/// is not ours.
 async fn create_credentials(
     database: &DatabaseService,
     secret: &Secret,

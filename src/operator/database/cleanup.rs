@@ -95,11 +95,12 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
         .filter(|claim| is_owned_by(claim.as_ref(), &uid))
         .map(|claim| ObjectIdentity::of(claim.as_ref()))
         .collect();
-    let secret = observed
-        .credentials
-        .as_ref()
+    let secrets = [&observed.credentials, &observed.superuser]
+        .into_iter()
+        .flatten()
         .filter(|secret| is_owned_by(secret.as_ref(), &uid))
-        .map(|secret| ObjectIdentity::of(secret.as_ref()));
+        .map(|secret| ObjectIdentity::of(secret.as_ref()))
+        .collect();
     let ledger = observed
         .ledger
         .as_ref()
@@ -120,7 +121,7 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
         }
     }
 
-    let owned = Owned { claims, secret, ledger, ledger_cached: observed.ledger.is_some() };
+    let owned = Owned { claims, secrets, ledger, ledger_cached: observed.ledger.is_some() };
     let (reason, note) = match policy {
         DeletionPolicy::Retain => retain(database, &owned, context).await?,
         DeletionPolicy::Delete => delete(database, &owned, context).await?,
@@ -137,7 +138,8 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
 /// What this DatabaseService owns and its deletion policy decides about.
 struct Owned {
     claims: Vec<ObjectIdentity>,
-    secret: Option<ObjectIdentity>,
+    /// The credentials and superuser Secrets, those it owns.
+    secrets: Vec<ObjectIdentity>,
     ledger: Option<ObjectIdentity>,
     ledger_cached: bool,
 }
@@ -147,10 +149,16 @@ impl Owned {
         self.claims.iter().map(|claim| claim.name.as_str()).collect::<Vec<_>>().join(", ")
     }
 
-    fn kept_secret(&self, name: &str) -> String {
-        match &self.secret {
-            Some(_) => format!("Secret {}", ChildNames::credentials(name)),
-            None => "no Secret of its own".into(),
+    fn kept_secret(&self) -> String {
+        match self.secrets.as_slice() {
+            [] => "no Secret of its own".into(),
+            [secret] => format!("Secret {}", secret.name),
+            secrets => {
+                format!(
+                    "Secrets {}",
+                    secrets.iter().map(|secret| secret.name.as_str()).collect::<Vec<_>>().join(" and ")
+                )
+            }
         }
     }
 }
@@ -180,7 +188,7 @@ async fn retain(
     let uid = database.uid().unwrap_or_default();
     let generation = database.metadata.generation.unwrap_or(0);
     let (claims_api, secrets, config_maps) = owned_apis(database, context);
-    let (claim_names, kept, ledger_name) = (owned.claim_names(), owned.kept_secret(&name), ChildNames::ledger(&name));
+    let (claim_names, kept, ledger_name) = (owned.claim_names(), owned.kept_secret(), ChildNames::ledger(&name));
     let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
     // The last ledger entry goes in first, written without an owner so it survives; a
     // failure (namespace being deleted) must not keep the finalizer.
@@ -202,7 +210,7 @@ async fn retain(
     for claim in claims {
         release(&claims_api, claim, &uid, context).await.map_err(ReconcileError::Cleanup)?;
     }
-    if let Some(secret) = &owned.secret {
+    for secret in &owned.secrets {
         release(&secrets, secret, &uid, context).await.map_err(ReconcileError::Cleanup)?;
     }
     if let Some(ledger) = owned.ledger.as_ref().filter(|_| !ledger_released) {
@@ -227,7 +235,7 @@ async fn delete(
     let name = database.name_any();
     let generation = database.metadata.generation.unwrap_or(0);
     let (claims_api, secrets, config_maps) = owned_apis(database, context);
-    let (claim_names, kept) = (owned.claim_names(), owned.kept_secret(&name));
+    let (claim_names, kept) = (owned.claim_names(), owned.kept_secret());
     let (claims, ledger_cached) = (&owned.claims, owned.ledger_cached);
     let entry =
         LedgerEntry::now(generation, "Deleted", "", "Delete", format!("deleting PVCs [{}] and {kept}", claim_names));
@@ -237,7 +245,7 @@ async fn delete(
     for claim in claims {
         delete_owned(&claims_api, claim, context).await.map_err(ReconcileError::Cleanup)?;
     }
-    if let Some(secret) = &owned.secret {
+    for secret in &owned.secrets {
         delete_owned(&secrets, secret, context).await.map_err(ReconcileError::Cleanup)?;
     }
     if let Some(ledger) = &owned.ledger {

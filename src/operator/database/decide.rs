@@ -64,6 +64,8 @@ pub struct Workload {
     pub inputs: WorkloadInputs,
     /// No credentials Secret is cached: create one (never overwrite one).
     pub create_credentials: bool,
+    /// No superuser Secret is cached: create one (never overwrite one).
+    pub create_superuser: bool,
     /// Role labels to set.
     pub pod_labels: Vec<PodLabel>,
     /// Pods stuck broken on an old revision, deleted with uid and resourceVersion preconditions.
@@ -196,6 +198,7 @@ pub fn decide(input: &DecideInput) -> Decision {
     let workload = Workload {
         inputs,
         create_credentials,
+        create_superuser: observed.superuser.is_none(),
         pod_labels,
         pod_deletions,
         claim_changes,
@@ -417,10 +420,10 @@ fn decide_credentials(
 /// Reason of CredentialsReady=False when a Secret of the credentials' name is not the operator's.
 pub const CREDENTIALS_CONFLICT_REASON: &str = "SecretConflict";
 
-/// The credentials Secret's name is taken by a Secret the operator did not create: nothing is
-/// built (the pods would read someone else's Secret) and the conflict is reported.
-pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService, now: DateTime<Utc>) {
-    let name = ChildNames::credentials(&database.name_any());
+/// The credentials or superuser Secret's name (`name`) is taken by a Secret the operator did not
+/// create: nothing is built (the pods would read someone else's Secret) and the conflict is
+/// reported.
+pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService, name: &str, now: DateTime<Utc>) {
     let generation = database.metadata.generation.unwrap_or(0);
     let message = format!(
         "Secret {name} exists but was not created by dbservice-operator for this DatabaseService; it is left untouched. Delete or rename it, or rename the DatabaseService"
@@ -633,8 +636,12 @@ pub enum ApplyOutcome {
 /// child written (or found unchanged), in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Applied {
-    /// The credentials Secret's name is taken by a Secret that is not ours: nothing was written.
-    pub credentials_conflict: bool,
+    /// The credentials or superuser Secret's name is taken by a Secret that is not ours (its
+    /// name): nothing was written.
+    pub credentials_conflict: Option<String>,
+    /// The superuser Secret was created (for a database that had none: a new one, or one made
+    /// before the application role stopped being the superuser).
+    pub superuser_created: Option<String>,
     /// Each child applied: its description (`StatefulSet/demo`) and what happened.
     pub children: Vec<(String, ApplyOutcome)>,
 }
@@ -670,6 +677,16 @@ pub fn journal_applied(workload: &Workload, applied: &Applied, generation: i64, 
                 journal.record(false, "Updated", format!("{object} updated for the new spec"), None)
             }
         }
+    }
+    if let Some(secret) = applied.superuser_created.as_ref().filter(|_| workload.provisioned_before) {
+        // A database made when its application role was the superuser: that role is turned
+        // into an ordinary one by the primary's agent once this password reaches it.
+        journal.record(
+            false,
+            "SuperuserSecretCreated",
+            format!("the superuser postgres has its own password in Secret {secret}; the application role is no longer a superuser once the instances restarted"),
+            Some(LedgerEntry::at(now, generation, "SuperuserSeparated", "", format!("Secret/{secret}"), "created")),
+        );
     }
     journal
 }

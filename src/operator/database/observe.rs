@@ -31,6 +31,8 @@ pub struct Observed {
     pub ledger: Option<Arc<Compact<ConfigMap>>>,
     /// Secret NAME-credentials, metadata only; only one carrying the managed-by label is seen.
     pub credentials: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// Secret NAME-superuser, metadata only, like the credentials.
+    pub superuser: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Pods labelled as this instance's, by name.
     pub pods: Vec<Arc<Pod>>,
     /// PVCs labelled as this instance's, by name.
@@ -57,6 +59,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         scripts: cached(&stores.config_maps, &namespace, &ChildNames::scripts(&name)),
         ledger: cached(&stores.config_maps, &namespace, &ChildNames::ledger(&name)),
         credentials: cached(&stores.secrets, &namespace, &ChildNames::credentials(&name)),
+        superuser: cached(&stores.secrets, &namespace, &ChildNames::superuser(&name)),
         pods,
         claims,
         expandable_classes: BTreeMap::new(),

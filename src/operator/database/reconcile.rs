@@ -93,7 +93,8 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
         let passwords = workload
             .create_credentials
             .then(|| NewPasswords { password: generate_password(), replication_password: generate_password() });
-        let children = desired(database, &workload.inputs, passwords);
+        let superuser_password = workload.create_superuser.then(generate_password);
+        let children = desired(database, &workload.inputs, passwords, superuser_password);
         // The children written stay written even when apply fails part-way, and the next pass finds
         // nothing left to correct: what they record (a drift put back, a child recreated) is told
         // now or never. The decisions themselves are decided again by the next pass.
@@ -101,8 +102,8 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
             Ok(applied) => (applied, None),
             Err(ApplyFailed { applied, error }) => (applied, Some(error)),
         };
-        if applied.credentials_conflict {
-            credentials_conflict(&mut decision, database, now);
+        if let Some(secret) = &applied.credentials_conflict {
+            credentials_conflict(&mut decision, database, secret, now);
         }
         let told = journal_applied(&workload, &applied, database.metadata.generation.unwrap_or(0), now);
         if let Some(error) = failure {

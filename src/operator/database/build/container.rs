@@ -3,7 +3,7 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
-use crate::api::pod::{AGENT_DIRECTORY, AGENT_INIT_CONTAINER, OPERATOR_BINARY, PGDATA, POSTGRES_PORT};
+use crate::api::pod::{AGENT_DIRECTORY, AGENT_INIT_CONTAINER, OPERATOR_BINARY, PGDATA, POSTGRES_PORT, SUPERUSER};
 use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
 use crate::operator::database::build::probes::{liveness_probe, readiness_probe};
 use crate::operator::database::build::security::restricted_security_context;
@@ -14,14 +14,20 @@ use kube::ResourceExt;
 
 /// The PostgreSQL container's environment: the credentials by Secret reference, the data
 /// directory, and either the agent's settings or (without an agent) the fixed primary's host.
+/// The server's superuser is `postgres` (POSTGRES_USER, as the official image calls it); the
+/// application's role (APPLICATION_USER) is an ordinary role owning POSTGRES_DB.
 fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<EnvVar> {
     let name = database.name_any();
     let secret = ChildNames::credentials(&name);
+    let superuser = ChildNames::superuser(&name);
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
-        secret_env("POSTGRES_USER", &secret, "username"),
-        secret_env("POSTGRES_PASSWORD", &secret, "password"),
+        plain_env("POSTGRES_USER", SUPERUSER),
+        secret_env("POSTGRES_PASSWORD", &superuser, "password"),
         secret_env("POSTGRES_DB", &secret, "database"),
+        secret_env("APPLICATION_USER", &secret, "username"),
+        secret_env("APPLICATION_PASSWORD", &secret, "password"),
+        plain_env("SUPERUSER_NETWORK_ACCESS", if database.spec.superuser_access_enabled() { "on" } else { "off" }),
         secret_env("REPLICATION_USER", &secret, "replication-username"),
         secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
         plain_env("PGDATA", PGDATA),

@@ -1,9 +1,11 @@
-//! Build (pure): the credentials Secret, created once (never overwritten), and the scripts
-//! ConfigMap the PostgreSQL container runs.
+//! Build (pure): the credentials Secret (the application's), the superuser Secret (the
+//! `postgres` role's, kept apart so that an application mounting its credentials never sees
+//! it), both created once and never overwritten, and the scripts ConfigMap the PostgreSQL
+//! container runs.
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
-use crate::api::pod::{POSTGRES_PORT, REPLICATION_USER};
+use crate::api::pod::{POSTGRES_PORT, REPLICATION_USER, SUPERUSER};
 use crate::operator::database::build::metadata;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::ByteString;
@@ -34,6 +36,30 @@ pub fn credentials_secret(database: &DatabaseService, password: &str, replicatio
     .collect();
     Secret {
         metadata: metadata(database, ChildNames::credentials(&name)),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The superuser Secret; `password` comes from the CSPRNG once. The superuser logs in over the
+/// network only with `spec.enableSuperuserAccess`.
+pub fn superuser_secret(database: &DatabaseService, password: &str) -> Secret {
+    let name = database.name_any();
+    let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
+    let uri = format!("postgresql://{SUPERUSER}:{password}@{host}:{POSTGRES_PORT}/postgres");
+    let data: BTreeMap<String, ByteString> = [
+        ("username", SUPERUSER.to_string()),
+        ("password", password.to_string()),
+        ("host", host),
+        ("port", POSTGRES_PORT.to_string()),
+        ("uri", uri),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())))
+    .collect();
+    Secret {
+        metadata: metadata(database, ChildNames::superuser(&name)),
         type_: Some("Opaque".into()),
         data: Some(data),
         ..Default::default()

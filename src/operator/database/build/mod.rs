@@ -21,7 +21,7 @@ pub mod volumes;
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, owner_reference, ChildNames};
 pub use crate::operator::database::access::{instance_access, InstanceAccess};
-pub use crate::operator::database::build::credentials::{credentials_secret, scripts_config_map};
+pub use crate::operator::database::build::credentials::{credentials_secret, scripts_config_map, superuser_secret};
 pub use crate::operator::database::build::environment::{plain_env, secret_env};
 pub use crate::operator::database::build::security::restricted_security_context;
 pub use crate::operator::database::build::services::services;
@@ -79,6 +79,8 @@ pub fn generate_password() -> String {
 pub struct Desired {
     /// The credentials Secret, only when it is to be created (it is never overwritten).
     pub credentials: Option<Secret>,
+    /// The superuser Secret, only when it is to be created (it is never overwritten).
+    pub superuser: Option<Secret>,
     /// ConfigMap NAME-scripts.
     pub scripts: ConfigMap,
     /// Services NAME, NAME-replicas and NAME-headless.
@@ -97,11 +99,18 @@ pub struct NewPasswords {
     pub replication_password: String,
 }
 
-/// Builds every child of `database` for the decided workload.
-pub fn desired(database: &DatabaseService, inputs: &WorkloadInputs, passwords: Option<NewPasswords>) -> Desired {
+/// Builds every child of `database` for the decided workload; `superuser_password` is given when
+/// the superuser Secret is to be created.
+pub fn desired(
+    database: &DatabaseService,
+    inputs: &WorkloadInputs,
+    passwords: Option<NewPasswords>,
+    superuser_password: Option<String>,
+) -> Desired {
     Desired {
         credentials: passwords
             .map(|passwords| credentials_secret(database, &passwords.password, &passwords.replication_password)),
+        superuser: superuser_password.map(|password| superuser_secret(database, &password)),
         scripts: scripts_config_map(database),
         services: services(database),
         stateful_set: stateful_set(database, inputs),

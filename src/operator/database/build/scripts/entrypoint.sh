@@ -11,6 +11,8 @@
 #   PGDATA                data directory; must be a SUBDIRECTORY of the volume mount
 #                         (e.g. /var/lib/postgresql/data/pgdata), its parent must be writable
 #   POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB   superuser and initial database (primary init)
+#   APPLICATION_USER, APPLICATION_PASSWORD          the application's role, owner of POSTGRES_DB
+#                                                   (optional; created by primary-init.sh)
 #   REPLICATION_USER, REPLICATION_PASSWORD          streaming-replication role
 #   PRIMARY_HOST          DNS name of the primary (standbys only, without the agent)
 #   DBSERVICE_AGENT       path of the instance agent (dbservice-operator): agent mode, see below

@@ -2,6 +2,9 @@
 # dbservice-operator: one-time primary initialization (docker-entrypoint-initdb.d style).
 #
 # Runs while the first-boot temporary server is up (socket only), as the superuser POSTGRES_USER:
+#   - creates the application's role APPLICATION_USER (LOGIN, not a superuser, password
+#     APPLICATION_PASSWORD) and makes it the owner of POSTGRES_DB (when APPLICATION_USER is set),
+#   - rejects network logins as POSTGRES_USER in pg_hba.conf unless SUPERUSER_NETWORK_ACCESS=on,
 #   - creates (or updates) the streaming-replication role REPLICATION_USER with REPLICATION LOGIN
 #     and a SCRAM-SHA-256 hash of REPLICATION_PASSWORD,
 #   - allows replication connections for that role from anywhere with scram-sha-256 in pg_hba.conf
@@ -9,8 +12,9 @@
 # Idempotent: running it again changes nothing but the password. entrypoint.sh runs it both in the
 # container (from the official docker-entrypoint.sh init path) and in standalone mode.
 #
-# Environment: PGDATA, POSTGRES_USER, REPLICATION_USER, REPLICATION_PASSWORD; libpq's PGHOST/PGPORT
-# (unset PGHOST = default socket directory).
+# Environment: PGDATA, POSTGRES_USER, REPLICATION_USER, REPLICATION_PASSWORD; optional
+# APPLICATION_USER, APPLICATION_PASSWORD, POSTGRES_DB, SUPERUSER_NETWORK_ACCESS; libpq's
+# PGHOST/PGPORT (unset PGHOST = default socket directory).
 
 # If sourced (e.g. dropped into /docker-entrypoint-initdb.d), run in a child shell so our shell
 # options and exits do not leak into the caller.
@@ -31,6 +35,7 @@ for name in PGDATA POSTGRES_USER REPLICATION_USER REPLICATION_PASSWORD; do
 		exit 1
 	fi
 done
+# shellcheck disable=SC2153 # set by the pod, checked above
 if ! [[ "$REPLICATION_USER" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
 	log "FATAL: REPLICATION_USER must match [A-Za-z_][A-Za-z0-9_]*"
 	exit 1
@@ -62,7 +67,8 @@ if ! err="$(
 			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_ls_dir(text, boolean, boolean) TO :"repl_user";' \
 			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_stat_file(text, boolean) TO :"repl_user";' \
 			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) TO :"repl_user";' \
-			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO :"repl_user";'
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text, bigint, bigint, boolean) TO :"repl_user";' \
+			'GRANT EXECUTE ON FUNCTION pg_catalog.pg_switch_wal() TO :"repl_user";'
 	} | psql -X -q -v ON_ERROR_STOP=1 --no-password \
 		--username "$POSTGRES_USER" --dbname postgres \
 		--set repl_user="$REPLICATION_USER" 2>&1 >/dev/null
@@ -73,6 +79,34 @@ if ! err="$(
 	exit 1
 fi
 log "replication role \"$REPLICATION_USER\" is ready"
+
+# --- application role ---------------------------------------------------------------------------
+if [ -n "${APPLICATION_USER:-}" ]; then
+	if [ "$APPLICATION_USER" = "$POSTGRES_USER" ] || [ "$APPLICATION_USER" = "$REPLICATION_USER" ]; then
+		log "FATAL: APPLICATION_USER must differ from POSTGRES_USER and REPLICATION_USER"
+		exit 1
+	fi
+	application_literal="'${APPLICATION_PASSWORD//\'/\'\'}'"
+	if ! err="$(
+		{
+			printf '%s\n' \
+				"SET log_statement = 'none';" \
+				"SET log_min_error_statement = 'panic';" \
+				"SET password_encryption = 'scram-sha-256';" \
+				"SELECT format('CREATE ROLE %I', :'app_user') WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = :'app_user') \\gexec"
+			printf 'ALTER ROLE :"app_user" WITH LOGIN NOSUPERUSER PASSWORD %s;\n' "$application_literal"
+			printf '%s\n' "SELECT format('ALTER DATABASE %I OWNER TO %I', :'db', :'app_user') \\gexec"
+		} | psql -X -q -v ON_ERROR_STOP=1 --no-password \
+			--username "$POSTGRES_USER" --dbname postgres \
+			--set app_user="$APPLICATION_USER" --set db="${POSTGRES_DB:-$APPLICATION_USER}" 2>&1 >/dev/null
+	)"; then
+		err="${err//"$application_literal"/'******'}"
+		printf '%s\n' "${err//"$APPLICATION_PASSWORD"/******}" >&2
+		log "FATAL: could not create the application role"
+		exit 1
+	fi
+	log "application role \"$APPLICATION_USER\" owns database \"${POSTGRES_DB:-$APPLICATION_USER}\""
+fi
 
 # --- pg_hba.conf -------------------------------------------------------------------------------
 hba="$PGDATA/pg_hba.conf"
@@ -91,4 +125,21 @@ else
 	chmod 600 "$tmp"
 	mv -f "$tmp" "$hba"
 	log "pg_hba.conf allows replication connections for \"$REPLICATION_USER\" (scram-sha-256)"
+fi
+
+# Network logins as the superuser: rejected first unless allowed (the agent rewrites this block
+# before every start, so that spec.enableSuperuserAccess can change).
+superuser_begin='# BEGIN dbservice-operator superuser'
+if [ "${SUPERUSER_NETWORK_ACCESS:-off}" != on ] && ! grep -qxF "$superuser_begin" "$hba"; then
+	tmp="$hba.dbservice.tmp"
+	{
+		printf '%s\n' "$superuser_begin"
+		printf 'host\tall\t%s\tall\treject\n' "$POSTGRES_USER"
+		printf 'host\treplication\t%s\tall\treject\n' "$POSTGRES_USER"
+		printf '%s\n' '# END dbservice-operator superuser'
+		cat "$hba"
+	} >"$tmp"
+	chmod 600 "$tmp"
+	mv -f "$tmp" "$hba"
+	log "pg_hba.conf rejects network logins as \"$POSTGRES_USER\""
 fi
