@@ -32,10 +32,10 @@ pub enum RecoverError {
     /// PostgreSQL exited during replay, usually at the target (the log line says why).
     #[error("postgresql stopped during recovery: {0}")]
     Replay(String),
-    /// The local superuser is not a role of the source database.
-    #[error("cannot connect as {user:?}: {detail} (spec.username must be a superuser role of the source database)")]
+    /// Neither the superuser nor the application's role is a role of the source database.
+    #[error("cannot connect as {user:?}: {detail} (the source database must have a superuser postgres, or spec.username as its superuser)")]
     Superuser {
-        /// spec.username.
+        /// The superuser's name.
         user: String,
         /// PostgreSQL's answer.
         detail: String,

@@ -78,7 +78,7 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
         "/dbservice/bin/dbservice-operator",
         "backup",
         "--host=/var/run/postgresql",
-        "--user=app_user",
+        "--user=postgres",
         "--pg-bin-dir=/usr/lib/postgresql/15/bin",
         "--wal-wait-seconds=120",
     ]);
@@ -107,7 +107,7 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
     // Over the socket: the pod's pg_hba.conf trusts local connections only.
     let query_rows = async || -> Option<Vec<(i32, i64)>> {
         let (connection_client, connection) = tokio_postgres::connect(
-            &format!("host={} port={} user=app_user dbname=app", work.path().display(), restored.port),
+            &format!("host={} port={} user=postgres dbname=app", work.path().display(), restored.port),
             tokio_postgres::NoTls,
         )
         .await

@@ -192,6 +192,8 @@ pub enum Target<'a> {
     Uri,
     /// The given Service, with the Secret's user, password and database.
     Service(&'a str),
+    /// The superuser Secret's `uri` (the primary Service, as the superuser postgres).
+    SuperuserUri,
 }
 
 static CLIENT_COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -212,6 +214,11 @@ pub async fn psql(
     let from_secret = |variable: &str, key: &str| serde_json::json!({"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});
     let (mut command, mut environment) = match target {
         Target::Uri => (vec!["psql".to_string(), "$(DATABASE_URI)".into()], vec![from_secret("DATABASE_URI", "uri")]),
+        Target::SuperuserUri => {
+            let superuser = format!("{database}-superuser");
+            let uri = serde_json::json!({"name": "DATABASE_URI", "valueFrom": {"secretKeyRef": {"name": superuser, "key": "uri"}}});
+            (vec!["psql".to_string(), "$(DATABASE_URI)".into()], vec![uri])
+        }
         Target::Service(service) => (
             vec!["psql".to_string(), "-h".into(), format!("{service}.{namespace}.svc")],
             vec![
@@ -247,8 +254,9 @@ pub async fn psql(
     }
 }
 
-/// Runs `sql` with psql inside instance `pod` over the local socket (for server-side views such as
-/// pg_stat_replication).
+/// Runs `sql` with psql inside instance `pod` over the local socket as the superuser (for
+/// server-side views such as pg_stat_replication, and pg_switch_wal()), as an administrator's
+/// `kubectl exec` does.
 pub fn psql_in_instance(namespace: &str, pod: &str, sql: &str) -> String {
     kubectl(&[
         "-n",
@@ -263,7 +271,7 @@ pub fn psql_in_instance(namespace: &str, pod: &str, sql: &str) -> String {
         "-h",
         "/var/run/postgresql",
         "-U",
-        "app_user",
+        "postgres",
         "-d",
         "app",
         "-Atc",

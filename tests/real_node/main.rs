@@ -22,6 +22,7 @@ mod ports;
 mod postgres;
 mod recovery;
 mod rolling;
+mod security;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]
 mod support;

@@ -123,7 +123,7 @@ async fn two_instances_replicate_and_survive_their_pods_being_deleted() {
 fn kubectl_quiet(namespace: &str, pod: &str, sql: &str) -> Option<String> {
     let output = std::process::Command::new(crate::support::tool("kubectl"))
         .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-h", "/var/run/postgresql"])
-        .args(["-U", "app_user", "-d", "app", "-Atc", sql])
+        .args(["-U", "postgres", "-d", "app", "-Atc", sql])
         .env("KUBECONFIG", crate::support::admin_kubeconfig()?)
         .output()
         .ok()?;
@@ -188,10 +188,12 @@ async fn retain_keeps_data_and_password_and_delete_removes_them() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
     eventually("fresh's volumes and credentials deleted", Duration::from_secs(180), || async {
         let claims_left = claims.list(&owned_by_fresh).await.ok()?.items.len();
-        let secret_left = secrets.get_opt("fresh-credentials").await.ok()?.is_some();
+        let secret_left = secrets.get_opt("fresh-credentials").await.ok()?.is_some()
+            || secrets.get_opt("fresh-superuser").await.ok()?.is_some();
         (claims_left == 0 && !secret_left && databases.get_opt("fresh").await.ok()?.is_none()).then_some(())
     })
     .await;
     // The retained data of `pg` is untouched by that.
     assert!(secrets.get_opt("pg-credentials").await.unwrap().is_some());
+    assert!(secrets.get_opt("pg-superuser").await.unwrap().is_some());
 }

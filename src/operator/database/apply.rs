@@ -83,12 +83,13 @@ async fn apply_children(
     let client = &context.shared.client;
     for (secret, is_superuser) in [(credentials, false), (superuser, true)] {
         let Some(secret) = secret else { continue };
-        if !create_credentials(database, &secret, context, &key).await? {
-            applied.credentials_conflict = Some(secret.name_any());
-            return Ok(());
-        }
-        if is_superuser {
-            applied.superuser_created = Some(secret.name_any());
+        match create_credentials(database, &secret, context, &key).await? {
+            None => {
+                applied.credentials_conflict = Some(secret.name_any());
+                return Ok(());
+            }
+            Some(true) if is_superuser => applied.superuser_created = Some(secret.name_any()),
+            Some(_) => {}
         }
     }
     // The scripts, the Services and the agents' access do not depend on each other: written at
@@ -232,14 +233,14 @@ async fn release_primary_lease(
     }
 }
 
-/// Creates the credentials (or superuser) Secret; false when its name is taken by a Secret that
-/// is not ours.
+/// Creates the credentials (or superuser) Secret: Some(true) when it did, Some(false) when ours
+/// was there already (not cached yet), None when its name is taken by a Secret that is not ours.
 async fn create_credentials(
     database: &DatabaseService,
     secret: &Secret,
     context: &PassContext,
     key: &str,
-) -> Result<bool, kube::Error> {
+) -> Result<Option<bool>, kube::Error> {
     let secrets: Api<Secret> =
         Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
     let params = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
@@ -247,13 +248,14 @@ async fn create_credentials(
         Ok(created) => {
             context.shared.metrics.count_write("Secret", "create");
             context.expectations.expect(key, "Secret", &secret.name_any(), created.resource_version());
-            Ok(true)
+            Ok(Some(true))
         }
         Err(kube::Error::Api(status)) if status.code == 409 => {
             // Not in our cache but present: ours and not cached yet, or someone else's. Only
             // metadata is read, never the foreign Secret's data.
             let existing = secrets.get_metadata_opt(&secret.name_any()).await?;
-            Ok(existing.is_none_or(|existing| is_labelled_child_of(&existing, &database.name_any())))
+            let ours = existing.is_none_or(|existing| is_labelled_child_of(&existing, &database.name_any()));
+            Ok(ours.then_some(false))
         }
         Err(error) => Err(error),
     }
