@@ -164,27 +164,45 @@ fn stateful_set_takes_credentials_from_the_secret_and_holds_no_literal_password(
             .collect();
         let secret = format!("{name}-credentials");
         let superuser = format!("{name}-superuser");
-        for (variable, secret, key) in [
-            ("APPLICATION_USER", &secret, "username"),
-            ("APPLICATION_PASSWORD", &secret, "password"),
-            ("POSTGRES_DB", &secret, "database"),
-            ("REPLICATION_PASSWORD", &secret, "replication-password"),
-            // The server's superuser is postgres, with a password of its own.
-            ("POSTGRES_PASSWORD", &superuser, "password"),
-        ] {
+        for (variable, secret, key) in [("APPLICATION_USER", &secret, "username"), ("POSTGRES_DB", &secret, "database")]
+        {
             assert_eq!(
                 from_secret.get(variable),
                 Some(&(secret.clone(), key.to_string())),
                 "{file}: {variable} must come from Secret {secret} key {key}"
             );
         }
+        // Passwords only as files (every child process would inherit an environment variable).
         let plain =
             |name: &str| env.iter().find(|variable| variable.name == name).and_then(|variable| variable.value.clone());
+        for variable in ["POSTGRES_PASSWORD", "APPLICATION_PASSWORD", "REPLICATION_PASSWORD"] {
+            assert!(env.iter().all(|candidate| candidate.name != variable), "{file}: {variable} is in the environment");
+        }
+        let pod = built.spec.template.spec.as_ref().unwrap();
+        let mounts = postgres_container(&built).volume_mounts.clone().unwrap_or_default();
+        for (variable, secret, key) in [
+            // The server's superuser is postgres, with a password of its own.
+            ("POSTGRES_PASSWORD_FILE", &superuser, "password"),
+            ("APPLICATION_PASSWORD_FILE", &secret, "password"),
+            ("REPLICATION_PASSWORD_FILE", &secret, "replication-password"),
+        ] {
+            let path = plain(variable).unwrap_or_else(|| panic!("{file}: {variable} missing"));
+            let (directory, file_name) = path.rsplit_once('/').unwrap();
+            assert_eq!(file_name, key, "{file}: {variable}");
+            let mount = mounts.iter().find(|mount| mount.mount_path == directory).expect("the directory is a mount");
+            assert_eq!(mount.read_only, Some(true), "{file}: {directory}");
+            let volume = pod.volumes.as_ref().unwrap().iter().find(|volume| volume.name == mount.name).unwrap();
+            let source = volume.secret.as_ref().expect("a Secret volume");
+            assert_eq!(source.secret_name.as_deref(), Some(secret.as_str()), "{file}: {variable}");
+            assert_eq!(source.default_mode, Some(0o440), "{file}: owner and the pod's group only");
+            let keys: Vec<&str> = source.items.iter().flatten().map(|item| item.key.as_str()).collect();
+            assert!(keys.contains(&key) && !keys.contains(&"uri"), "{file}: {keys:?}");
+        }
         assert_eq!(plain("POSTGRES_USER").as_deref(), Some("postgres"), "{file}");
         let access = if database.spec.superuser_access_enabled() { "on" } else { "off" };
         assert_eq!(plain("SUPERUSER_NETWORK_ACCESS").as_deref(), Some(access), "{file}");
         for variable in &env {
-            if variable.name.contains("PASSWORD") {
+            if variable.name.contains("PASSWORD") && !variable.name.ends_with("_FILE") {
                 assert!(variable.value.is_none(), "{file}: {} has a literal value", variable.name);
             }
         }
@@ -453,7 +471,7 @@ fn a_backup_spec_archives_from_the_pod_when_the_operator_image_is_known() {
     let volumes = pod.volumes.as_ref().unwrap();
     let binary_volume = volumes.iter().find(|volume| volume.name == "dbservice-bin").expect("dbservice-bin");
     assert!(binary_volume.empty_dir.is_some());
-    let ca_volume = volumes.iter().find(|volume| volume.secret.is_some()).expect("the CA Secret volume");
+    let ca_volume = volumes.iter().find(|volume| volume.name == "dbservice-s3-ca").expect("the CA Secret volume");
     assert_eq!(ca_volume.secret.as_ref().unwrap().secret_name.as_deref(), Some("s3-ca"));
 
     let postgres = &pod.containers[0];

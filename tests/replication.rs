@@ -204,6 +204,16 @@ impl Harness {
         assert!(node.child.is_none(), "{} already running", node.name);
         let log_path = node.dir.join(format!("entrypoint-{}.log", node.logs.len() + 1));
         let log = File::create(&log_path).expect("create log file");
+        // The passwords as the pods get them: files named by NAME_FILE, not the environment.
+        let password_file = |name: &str, password: &str| {
+            let path = node.dir.join(name);
+            fs::write(&path, password).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o400)).unwrap();
+            chown_tree(&path, owner);
+            path
+        };
+        let superuser_password = password_file("superuser-password", POSTGRES_PASSWORD);
+        let replication_password = password_file("replication-password", REPLICATION_PASSWORD);
         let mut cmd = Command::new("/bin/bash");
         cmd.arg(scripts.join("entrypoint.sh"))
             .current_dir(&node.dir)
@@ -223,10 +233,10 @@ impl Harness {
             .env("POSTGRES_USER", POSTGRES_USER)
             // The test connects over TCP as the superuser.
             .env("SUPERUSER_NETWORK_ACCESS", "on")
-            .env("POSTGRES_PASSWORD", POSTGRES_PASSWORD)
+            .env("POSTGRES_PASSWORD_FILE", superuser_password)
             .env("POSTGRES_DB", POSTGRES_DB)
             .env("REPLICATION_USER", REPLICATION_USER)
-            .env("REPLICATION_PASSWORD", REPLICATION_PASSWORD)
+            .env("REPLICATION_PASSWORD_FILE", replication_password)
             .env("PRIMARY_WAIT_TIMEOUT", "150")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -3,6 +3,10 @@
 
 /// PostgreSQL port.
 pub const POSTGRES_PORT: i32 = 5432;
+/// Where the credentials Secret's passwords are mounted as files (application, replication).
+pub const CREDENTIALS_DIRECTORY: &str = "/dbservice/credentials";
+/// Where the superuser Secret's password is mounted as a file.
+pub const SUPERUSER_DIRECTORY: &str = "/dbservice/superuser";
 /// The superuser role (the application's role is never one).
 pub const SUPERUSER: &str = "postgres";
 /// Role used by standbys to stream from the primary.

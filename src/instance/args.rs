@@ -69,7 +69,8 @@ pub struct InstanceRunArgs {
     /// Superuser of the local connection (over the socket).
     #[arg(long, env = "POSTGRES_USER")]
     pub superuser: String,
-    /// Role standbys stream, clone and rewind with (its password: REPLICATION_PASSWORD, environment only).
+    /// Role standbys stream, clone and rewind with (its password: the file REPLICATION_PASSWORD_FILE
+    /// names, or REPLICATION_PASSWORD; never a flag).
     #[arg(long, env = "REPLICATION_USER")]
     pub replication_user: String,
     /// wal_keep_size: WAL kept for standbys and for pg_rewind.

@@ -33,8 +33,7 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
         renew_period: Duration::from_secs(args.renew_period_seconds),
     };
     lease.validate().context("--lease-seconds, --renew-deadline-seconds, --renew-period-seconds")?;
-    let replication_password =
-        std::env::var("REPLICATION_PASSWORD").context("environment variable REPLICATION_PASSWORD must be set")?;
+    let replication_password = password("REPLICATION_PASSWORD")?;
     Ok(InstanceConfig {
         name: args.pod.clone(),
         pg_bin: args.pg_bin.clone(),
@@ -67,17 +66,27 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
     })
 }
 
+/// A password from the file `NAME_FILE` names (the pods' way: a Secret's key mounted as a file),
+/// else from the environment variable `NAME` (tests, older StatefulSets).
+pub fn password(name: &str) -> anyhow::Result<String> {
+    match std::env::var(format!("{name}_FILE")) {
+        Ok(path) => std::fs::read_to_string(&path).with_context(|| format!("{name}_FILE: read {path}")),
+        Err(_) => {
+            std::env::var(name).with_context(|| format!("environment variable {name} or {name}_FILE must be set"))
+        }
+    }
+}
+
 /// The roles the primary keeps, from the pod's environment (APPLICATION_USER and its password,
 /// POSTGRES_DB, POSTGRES_PASSWORD for the superuser, SUPERUSER_NETWORK_ACCESS); None without
 /// APPLICATION_USER (an instance of a StatefulSet from before issue 22).
 fn role_settings() -> anyhow::Result<Option<RoleSettings>> {
     let Ok(application_user) = std::env::var("APPLICATION_USER") else { return Ok(None) };
-    let variable = |name: &str| std::env::var(name).with_context(|| format!("environment variable {name} must be set"));
     Ok(Some(RoleSettings {
         application_user,
-        application_password: variable("APPLICATION_PASSWORD")?,
-        database: variable("POSTGRES_DB")?,
-        superuser_password: variable("POSTGRES_PASSWORD")?,
+        application_password: password("APPLICATION_PASSWORD")?,
+        database: std::env::var("POSTGRES_DB").context("environment variable POSTGRES_DB must be set")?,
+        superuser_password: password("POSTGRES_PASSWORD")?,
         superuser_network_access: std::env::var("SUPERUSER_NETWORK_ACCESS").is_ok_and(|value| value == "on"),
     }))
 }
@@ -174,7 +183,7 @@ async fn recover(
             tracing::warn!(%error, "recovery progress not published");
         }
     };
-    let password = std::env::var("POSTGRES_PASSWORD").unwrap_or_default();
+    let password = password("POSTGRES_PASSWORD").unwrap_or_default();
     let binary = std::env::current_exe()
         .unwrap_or_else(|_| PathBuf::from(crate::api::pod::AGENT_DIRECTORY).join("dbservice-operator"));
     let restore_args = crate::instance::recovery::restore_args_in_pod(plan, &config.pgdata, &binary);

@@ -1,12 +1,14 @@
 //! Data-plane security (issue 22), as an attacker with the application's credentials would try
 //! it: the application's role is no superuser, and the superuser cannot log in over the network
-//! unless `spec.enableSuperuserAccess` allows it.
+//! unless `spec.enableSuperuserAccess` allows it, and no password is in the server's environment.
 
 use crate::environment::{
-    admin_client, install_chart, psql, real_database, real_namespace, real_node_or_skip, wait_running, Target,
+    admin_client, install_chart, psql, psql_in_instance, real_database, real_namespace, real_node_or_skip,
+    wait_running, Target,
 };
 use crate::support::eventually;
 use dbservice_operator::api::database_service::DatabaseService;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use std::time::Duration;
@@ -53,6 +55,20 @@ async fn the_application_cannot_act_as_superuser_and_the_superuser_logs_in_only_
     for attack in ATTACKS {
         let log = as_application(attack).await.expect_err(attack);
         assert!(log.contains("permission denied") || log.contains("must be superuser"), "{attack}: {log}");
+    }
+
+    // No password is in PostgreSQL's environment (they reach the pod as files): even a superuser
+    // session reading it finds none of them.
+    let environment =
+        psql_in_instance(&namespace.name, "pg-0", "select encode(pg_read_binary_file('/proc/self/environ'), 'escape')");
+    assert!(environment.contains("PGDATA="), "the backend's environment was read: {environment}");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
+    for (secret, key) in
+        [("pg-credentials", "password"), ("pg-credentials", "replication-password"), ("pg-superuser", "password")]
+    {
+        let data = secrets.get(secret).await.unwrap().data.unwrap();
+        let password = String::from_utf8(data[key].0.clone()).unwrap();
+        assert!(!environment.contains(&password), "{secret} {key} is in PostgreSQL's environment");
     }
 
     // The superuser's own Secret: refused over the network by default.

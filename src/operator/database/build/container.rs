@@ -3,7 +3,10 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
-use crate::api::pod::{AGENT_DIRECTORY, AGENT_INIT_CONTAINER, OPERATOR_BINARY, PGDATA, POSTGRES_PORT, SUPERUSER};
+use crate::api::pod::{
+    AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, OPERATOR_BINARY, PGDATA, POSTGRES_PORT, SUPERUSER,
+    SUPERUSER_DIRECTORY,
+};
 use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
 use crate::operator::database::build::probes::{liveness_probe, readiness_probe};
 use crate::operator::database::build::security::restricted_security_context;
@@ -19,17 +22,18 @@ use kube::ResourceExt;
 fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<EnvVar> {
     let name = database.name_any();
     let secret = ChildNames::credentials(&name);
-    let superuser = ChildNames::superuser(&name);
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         plain_env("POSTGRES_USER", SUPERUSER),
-        secret_env("POSTGRES_PASSWORD", &superuser, "password"),
+        // Passwords as files, never in the environment (which every child process, PostgreSQL's
+        // among them, would inherit); *_FILE as the official image names them.
+        plain_env("POSTGRES_PASSWORD_FILE", format!("{SUPERUSER_DIRECTORY}/password")),
         secret_env("POSTGRES_DB", &secret, "database"),
         secret_env("APPLICATION_USER", &secret, "username"),
-        secret_env("APPLICATION_PASSWORD", &secret, "password"),
+        plain_env("APPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/password")),
         plain_env("SUPERUSER_NETWORK_ACCESS", if database.spec.superuser_access_enabled() { "on" } else { "off" }),
         secret_env("REPLICATION_USER", &secret, "replication-username"),
-        secret_env("REPLICATION_PASSWORD", &secret, "replication-password"),
+        plain_env("REPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/replication-password")),
         plain_env("PGDATA", PGDATA),
     ];
     if with_agent {

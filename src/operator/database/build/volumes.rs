@@ -3,11 +3,11 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, ChildNames, DATA_VOLUME};
-use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME};
+use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME, CREDENTIALS_DIRECTORY, SUPERUSER_DIRECTORY};
 use crate::operator::database::build::WorkloadInputs;
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    ConfigMapVolumeSource, EmptyDirVolumeSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    SecretVolumeSource, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -32,6 +32,18 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
         },
         VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
         VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
+        VolumeMount {
+            name: CREDENTIALS_VOLUME.into(),
+            mount_path: CREDENTIALS_DIRECTORY.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: SUPERUSER_VOLUME.into(),
+            mount_path: SUPERUSER_DIRECTORY.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
     ];
     if with_agent {
         mounts.push(VolumeMount { read_only: Some(true), ..agent_mount() });
@@ -39,12 +51,37 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
     mounts
 }
 
+/// Volume of the credentials Secret's passwords.
+const CREDENTIALS_VOLUME: &str = "credentials";
+/// Volume of the superuser Secret's password.
+const SUPERUSER_VOLUME: &str = "superuser";
+
+/// Only the `keys` of Secret `secret`, as files readable by their owner (root) and the pod's
+/// group (the postgres user's, through fsGroup), nobody else.
+fn secret_files(volume: &str, secret: &str, keys: &[&str]) -> Volume {
+    Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(
+                keys.iter()
+                    .map(|key| KeyToPath { key: key.to_string(), path: key.to_string(), ..Default::default() })
+                    .collect(),
+            ),
+            default_mode: Some(0o440),
+            optional: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn empty_dir(name: &str) -> Volume {
     Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }
 }
 
 /// The pod's volumes besides the data claim: the scripts ConfigMap, the socket and temporary
-/// directories, and the agent's binary directory when there is an agent.
+/// directories, the passwords as files, and the agent's binary directory when there is an agent.
 pub fn pod_volumes(name: &str, with_agent: bool) -> Vec<Volume> {
     let scripts = Volume {
         name: "scripts".into(),
@@ -55,10 +92,16 @@ pub fn pod_volumes(name: &str, with_agent: bool) -> Vec<Volume> {
         }),
         ..Default::default()
     };
-    vec![scripts, empty_dir("run"), empty_dir("tmp")]
-        .into_iter()
-        .chain(with_agent.then(|| empty_dir(AGENT_VOLUME)))
-        .collect()
+    vec![
+        scripts,
+        empty_dir("run"),
+        empty_dir("tmp"),
+        secret_files(CREDENTIALS_VOLUME, &ChildNames::credentials(name), &["password", "replication-password"]),
+        secret_files(SUPERUSER_VOLUME, &ChildNames::superuser(name), &["password"]),
+    ]
+    .into_iter()
+    .chain(with_agent.then(|| empty_dir(AGENT_VOLUME)))
+    .collect()
 }
 
 /// The data volume's claim template, of the size the StatefulSet was created with.

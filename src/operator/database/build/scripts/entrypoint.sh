@@ -26,6 +26,9 @@
 #                         performs initdb) or "standalone" (plain PostgreSQL binaries, used by tests:
 #                         this script runs initdb itself and then execs postgres).
 #
+# Passwords may come as files instead: NAME_FILE (POSTGRES_PASSWORD_FILE, APPLICATION_PASSWORD_FILE,
+# REPLICATION_PASSWORD_FILE), as the pods of the operator have them; they are read when needed and
+# never handed to the instance agent's environment (it reads the files itself).
 # Secrets are never written to stdout/stderr and never passed on a command line.
 set -euo pipefail
 
@@ -57,6 +60,21 @@ esac
 if [ -n "${PG_BIN:-}" ]; then
 	export PATH="$PG_BIN:$PATH"
 fi
+
+# NAME from the file NAME_FILE names, unless NAME is set already.
+password_from_file() {
+	local name="$1" file_variable="${1}_FILE"
+	if [ -z "${!name:-}" ] && [ -n "${!file_variable:-}" ]; then
+		[ -r "${!file_variable}" ] || die "$file_variable: cannot read ${!file_variable}"
+		export "$name"="$(<"${!file_variable}")"
+	fi
+}
+password_from_file REPLICATION_PASSWORD
+password_from_file APPLICATION_PASSWORD
+password_from_file POSTGRES_PASSWORD
+# The official docker-entrypoint.sh refuses POSTGRES_PASSWORD and POSTGRES_PASSWORD_FILE together.
+SUPERUSER_PASSWORD_FILE="${POSTGRES_PASSWORD_FILE:-}"
+unset POSTGRES_PASSWORD_FILE
 
 require_env PGDATA POSTGRES_USER POSTGRES_PASSWORD REPLICATION_USER REPLICATION_PASSWORD
 export PGDATA="${PGDATA%/}"
@@ -374,6 +392,14 @@ if [ -n "$AGENT" ]; then
 	export PG_BIN PG_SOCKET_DIR="${PG_SOCKET_DIR:-/var/run/postgresql}" WAL_KEEP_SIZE
 	export MAX_WAL_SENDERS="${MAX_WAL_SENDERS:-10}"
 	log "pod $POD_NAME: handing over to the instance agent (PostgreSQL $PG_MAJOR_VERSION, mode $MODE)"
+	# The agent reads the passwords from their files (NAME_FILE); PostgreSQL, which it starts,
+	# must not inherit them.
+	if [ -n "${REPLICATION_PASSWORD_FILE:-}" ]; then
+		unset REPLICATION_PASSWORD APPLICATION_PASSWORD POSTGRES_PASSWORD
+	fi
+	if [ -n "$SUPERUSER_PASSWORD_FILE" ]; then
+		export POSTGRES_PASSWORD_FILE="$SUPERUSER_PASSWORD_FILE"
+	fi
 	exec "$AGENT" instance run
 fi
 
