@@ -75,7 +75,8 @@ kubectl get statefulset,service,secret,configmap,pvc,pods -n "$namespace" -l app
 step "psql through kubectl exec: a table on the primary, read back from the standby"
 kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
   "create table if not exists greetings (said_at timestamptz default now(), text text); insert into greetings (text) values ('hello from the demo'); select version();"
-kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
+# pg_stat_replication in full is for the superuser (postgres, inside the pod only by default).
+kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U postgres -d app -c \
   "select application_name, state, sync_state from pg_stat_replication;"
 for _ in $(seq 30); do
   kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -Atc \

@@ -7,6 +7,7 @@ mod backups;
 mod chart;
 mod controller;
 mod healing;
+mod instance_policy;
 mod leader;
 #[path = "../support/object_store.rs"]
 mod object_store;

@@ -320,7 +320,15 @@ pub fn service_account_kubeconfig(directory: &Path) -> PathBuf {
 
 /// A kubeconfig holding a TokenRequest token of `account` in `namespace`.
 pub fn service_account_kubeconfig_for(directory: &Path, account: &str, namespace: &str) -> PathBuf {
-    let token = kubectl(&["create", "token", account, "-n", namespace, "--duration=6h"]);
+    service_account_kubeconfig_with(directory, account, namespace, &[])
+}
+
+/// Like [`service_account_kubeconfig_for`], with more `kubectl create token` flags (e.g. the
+/// object the token is bound to).
+pub fn service_account_kubeconfig_with(directory: &Path, account: &str, namespace: &str, flags: &[&str]) -> PathBuf {
+    let mut arguments = vec!["create", "token", account, "-n", namespace, "--duration=6h"];
+    arguments.extend_from_slice(flags);
+    let token = kubectl(&arguments);
     let admin: serde_json::Value =
         serde_saphyr::from_str(&std::fs::read_to_string(admin_kubeconfig().unwrap()).unwrap()).unwrap();
     let cluster = &admin["clusters"][0]["cluster"];
