@@ -205,8 +205,11 @@ operator_image() {
     save "$OPERATOR_IMAGE" "$archive"
   fi
   check_operator_image
-  if [ -S /run/dbservice-containerd/containerd.sock ]; then
-    ctr --address /run/dbservice-containerd/containerd.sock -n k8s.io images import "$archive" >/dev/null
+  # Only into a containerd that answers: a socket left by a stopped node refuses connections (CI
+  # builds the image before the node starts; real-node.sh imports the archive when it starts).
+  local socket=/run/dbservice-containerd/containerd.sock
+  if [ -S "$socket" ] && timeout 5 ctr --address "$socket" version >/dev/null 2>&1; then
+    ctr --address "$socket" -n k8s.io images import "$archive" >/dev/null
   fi
 }
 
