@@ -75,9 +75,16 @@ kubectl get statefulset,service,secret,configmap,pvc,pods -n "$namespace" -l app
 step "psql through kubectl exec: a table on the primary, read back from the standby"
 kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
   "create table if not exists greetings (said_at timestamptz default now(), text text); insert into greetings (text) values ('hello from the demo'); select version();"
-# pg_stat_replication in full is for the superuser (postgres, inside the pod only by default).
+# pg_stat_replication in full is for the superuser (postgres, inside the pod only by default);
+# the standby streams over TLS.
 kubectl exec -n "$namespace" demo-0 -c postgres -- psql -X -h /var/run/postgresql -U postgres -d app -c \
-  "select application_name, state, sync_state from pg_stat_replication;"
+  "select application_name, state, sync_state, ssl, version from pg_stat_replication join pg_stat_ssl using (pid);"
+
+step "over the network only with TLS, the server verified by the CA of ConfigMap demo-ca (sslmode=verify-full)"
+# The pod's PGSSLMODE=verify-full and PGSSLROOTCERT apply; the password comes from its file.
+kubectl exec -n "$namespace" demo-0 -c postgres -- bash -c \
+  "PGPASSWORD=\$(cat /dbservice/credentials/password) psql -X -h demo.$namespace.svc -U app_user -d app -c \
+  'select ssl, version, cipher from pg_stat_ssl where pid = pg_backend_pid();'"
 for _ in $(seq 30); do
   kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -Atc \
     "select 1 from greetings limit 1" 2>/dev/null | grep -q 1 && break

@@ -46,18 +46,31 @@ pub struct CertificateBundle {
     pub key: String,
 }
 
-/// A new CA valid for `validity`.
+/// A new CA valid for `validity` (the webhook's).
 pub fn generate_ca(validity: Duration) -> Result<(String, String), GenerateCertificatesError> {
+    generate_ca_named("dbservice-operator webhook CA", validity)
+}
+
+/// A new CA named `common_name`, valid for `validity`: (certificate, key), PEM.
+pub fn generate_ca_named(common_name: &str, validity: Duration) -> Result<(String, String), GenerateCertificatesError> {
     let key = KeyPair::generate()?;
-    let params = ca_params(validity)?;
+    let params = ca_params(common_name, validity)?;
     let certificate = params.self_signed(&key)?;
     Ok((certificate.pem(), key.serialize_pem()))
 }
 
-fn ca_params(validity: Duration) -> Result<CertificateParams, rcgen::Error> {
+/// The notAfter of the first certificate in `pem`, RFC 3339.
+pub fn not_after(pem: &str) -> Option<String> {
+    let der = CertificateDer::pem_slice_iter(pem.as_bytes()).next()?.ok()?;
+    let (_, certificate) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let timestamp = certificate.validity().not_after.timestamp();
+    Some(chrono::DateTime::from_timestamp(timestamp, 0)?.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+}
+
+fn ca_params(common_name: &str, validity: Duration) -> Result<CertificateParams, rcgen::Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     let mut name = DistinguishedName::new();
-    name.push(DnType::CommonName, "dbservice-operator webhook CA");
+    name.push(DnType::CommonName, common_name);
     params.distinguished_name = name;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
@@ -162,5 +175,14 @@ mod tests {
         assert!(!bundle_trusts(other.ca_certificate.as_bytes(), bundle.certificate.as_bytes()));
         let both = format!("{}{}", other.ca_certificate, bundle.ca_certificate);
         assert!(bundle_trusts(both.as_bytes(), bundle.certificate.as_bytes()));
+    }
+
+    #[test]
+    fn not_after_reads_the_certificates_expiry() {
+        let (certificate, _) = generate_ca_named("test CA", Duration::days(10)).unwrap();
+        let expires = chrono::DateTime::parse_from_rfc3339(&not_after(&certificate).unwrap()).unwrap();
+        let days = (expires.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_days();
+        assert!((9..=10).contains(&days), "{days}");
+        assert_eq!(not_after("not a certificate"), None);
     }
 }

@@ -405,7 +405,10 @@ fn credentials_secret_has_connection_keys_and_a_uri_naming_the_host() {
         let uri = &data["uri"];
         assert!(uri.starts_with("postgresql://"), "{file}: {uri}");
         assert!(uri.contains(&format!("@{host}:{POSTGRES_PORT}/")), "{file}: uri {uri} does not name host {host}");
-        assert!(uri.ends_with(&format!("/{}", database.spec.database_name)), "{file}: {uri}");
+        assert!(
+            uri.ends_with(&format!("/{}?sslmode=verify-full", database.spec.database_name)),
+            "{file}: the uri names the database and asks for a verified TLS connection: {uri}"
+        );
         assert_eq!(secret.type_.as_deref(), Some("Opaque"), "{file}");
     }
 }
@@ -536,4 +539,38 @@ fn the_instance_agent_comes_from_an_init_container() {
     let pod = without.spec.template.spec.clone().unwrap();
     assert!(pod.init_containers.is_none() && pod.service_account_name.is_none());
     assert_eq!(pod.automount_service_account_token, Some(false));
+}
+
+#[test]
+fn pods_serve_the_certificate_secret_and_their_clients_verify_peers_by_its_ca() {
+    for (file, database) in fixtures() {
+        let name = name_of(&database);
+        let built = stateful_set(&database, &steady_inputs(&database));
+        let env = postgres_container(&built).env.clone().unwrap_or_default();
+        let plain =
+            |name: &str| env.iter().find(|variable| variable.name == name).and_then(|variable| variable.value.clone());
+        let directory = plain("TLS_DIRECTORY").unwrap_or_else(|| panic!("{file}: TLS_DIRECTORY missing"));
+        assert_eq!(plain("PGSSLMODE").as_deref(), Some("verify-full"), "{file}");
+        assert_eq!(plain("PGSSLROOTCERT"), Some(format!("{directory}/ca.crt")), "{file}");
+        let mounts = postgres_container(&built).volume_mounts.clone().unwrap_or_default();
+        let mount = mounts.iter().find(|mount| mount.mount_path == directory).expect("the TLS directory is a mount");
+        assert_eq!(mount.read_only, Some(true), "{file}");
+        let pod = pod_spec(&built);
+        let volume = pod.volumes.as_ref().unwrap().iter().find(|volume| volume.name == mount.name).unwrap();
+        let source = volume.secret.as_ref().expect("a Secret volume");
+        let expected = database
+            .spec
+            .tls
+            .as_ref()
+            .and_then(|tls| tls.server_certificate_secret.clone())
+            .unwrap_or_else(|| format!("{name}-tls"));
+        assert_eq!(source.secret_name.as_deref(), Some(expected.as_str()), "{file}");
+        // PostgreSQL refuses a key file readable by others than its owner (root) and group.
+        assert_eq!(source.default_mode, Some(0o440), "{file}");
+        let keys: Vec<&str> = source.items.iter().flatten().map(|item| item.key.as_str()).collect();
+        assert_eq!(keys, ["tls.crt", "tls.key", "ca.crt"], "{file}");
+        // The probe asks for TLS without verifying 127.0.0.1 against the certificate's names.
+        let probe = exec_command(postgres_container(&built).readiness_probe.as_ref().unwrap());
+        assert!(probe.contains("PGSSLMODE=prefer"), "{file}: {probe}");
+    }
 }

@@ -52,6 +52,7 @@ fn instance_config(sandbox: &Sandbox, bin: &Path, pgdata: &Path) -> InstanceConf
         stop_grace: Duration::from_secs(10),
         unresponsive_after: Duration::from_secs(2),
         watchdog_binary: None,
+        tls: None,
     }
 }
 

@@ -136,6 +136,9 @@ pub fn validate(
     if let Some(storage_class) = spec.storage_class_name.as_deref() {
         validate_storage_class(storage_class, &mut outcome.errors);
     }
+    if let Some(secret) = spec.user_server_certificate() {
+        validate_secret_name("spec.tls.serverCertificateSecret", secret, &mut outcome.errors);
+    }
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
     if let Some(failover) = &spec.failover {
@@ -324,6 +327,16 @@ fn validate_storage_class(name: &str, errors: &mut Vec<FieldError>) {
             "spec.storageClassName",
             shown(name),
             format!("must be the name of a StorageClass: a lowercase RFC 1123 subdomain of at most {MAX_DNS_SUBDOMAIN_LENGTH} characters (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"),
+        ));
+    }
+}
+
+fn validate_secret_name(path: &str, name: &str, errors: &mut Vec<FieldError>) {
+    if name.len() > MAX_DNS_SUBDOMAIN_LENGTH || !DNS_SUBDOMAIN_REGEX.is_match(name) {
+        errors.push(FieldError::invalid(
+            path,
+            shown(name),
+            format!("must be the name of a Secret in this namespace: a lowercase RFC 1123 subdomain of at most {MAX_DNS_SUBDOMAIN_LENGTH} characters"),
         ));
     }
 }

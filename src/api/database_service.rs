@@ -85,6 +85,22 @@ pub struct DatabaseServiceSpec {
     /// NAME-superuser). Off by default: the superuser can then log in only inside the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_superuser_access: Option<bool>,
+    /// TLS of every PostgreSQL connection (always on; by default with a certificate the operator
+    /// issues from the database's own CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// spec.tls: where the server certificate comes from.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// A kubernetes.io/tls Secret of this namespace with `tls.crt`, `tls.key` and `ca.crt` (what
+    /// cert-manager writes for a Certificate) to serve instead of the operator's certificate.
+    /// Its names must cover the Services NAME, NAME-replicas and `*.NAME-headless`. Unset: the
+    /// operator issues `NAME-tls` from its CA `NAME-ca` and renews it 30 days before expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_certificate_secret: Option<String>,
 }
 
 /// Failover and switchover settings (spec.failover), validated by the webhook. A switchover is
@@ -271,6 +287,11 @@ impl DatabaseServiceSpec {
     /// Whether the superuser may log in over the network.
     pub fn superuser_access_enabled(&self) -> bool {
         self.enable_superuser_access.unwrap_or(false)
+    }
+
+    /// The user's server certificate Secret, when one is named (else the operator issues one).
+    pub fn user_server_certificate(&self) -> Option<&str> {
+        self.tls.as_ref().and_then(|tls| tls.server_certificate_secret.as_deref())
     }
 
     /// Whether reconciliation is paused.

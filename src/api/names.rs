@@ -37,6 +37,15 @@ impl ChildNames {
     pub fn superuser(name: &str) -> String {
         format!("{name}-superuser")
     }
+    /// The database's own certificate authority: Secret (ca.crt, ca.key) kept by the operator,
+    /// and ConfigMap (ca.crt) published for the applications to mount.
+    pub fn certificate_authority(name: &str) -> String {
+        format!("{name}-ca")
+    }
+    /// Server certificate Secret (kubernetes.io/tls: tls.crt, tls.key, ca.crt) the operator issues.
+    pub fn server_certificate(name: &str) -> String {
+        format!("{name}-tls")
+    }
     /// Scripts ConfigMap.
     pub fn scripts(name: &str) -> String {
         format!("{name}-scripts")

@@ -7,6 +7,8 @@ pub const POSTGRES_PORT: i32 = 5432;
 pub const CREDENTIALS_DIRECTORY: &str = "/dbservice/credentials";
 /// Where the superuser Secret's password is mounted as a file.
 pub const SUPERUSER_DIRECTORY: &str = "/dbservice/superuser";
+/// Where the server certificate Secret is mounted (tls.crt, tls.key, ca.crt).
+pub const TLS_DIRECTORY: &str = "/dbservice/tls";
 /// The superuser role (the application's role is never one).
 pub const SUPERUSER: &str = "postgres";
 /// Role used by standbys to stream from the primary.

@@ -8,6 +8,7 @@ use crate::instance::postgres::{
 };
 use crate::instance::roles::{write_superuser_rule, RolesKeeper};
 use crate::instance::standby::{self, StandbyError};
+use crate::instance::tls::CertificateWatch;
 use crate::instance::watchdog::{FenceFile, Watchdog};
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
@@ -74,6 +75,8 @@ pub struct Agent<C> {
     synchronous_wanted: Option<String>,
     /// The value the running server has (written and reloaded, or read at its start).
     synchronous_applied: Option<String>,
+    /// The certificate files the server loaded (reloaded when they change).
+    certificates: CertificateWatch,
     /// The superuser and the application's role, kept once per start of a primary.
     roles: RolesKeeper,
 }
@@ -136,6 +139,7 @@ impl<C: ControlPlane> Agent<C> {
             fenced_at: None,
             synchronous_wanted: None,
             synchronous_applied: None,
+            certificates: CertificateWatch::default(),
             roles: RolesKeeper::default(),
         }
     }
@@ -238,6 +242,9 @@ impl<C: ControlPlane> Agent<C> {
             if let Err(error) = self.keep_synchronous_standbys().await {
                 tracing::warn!(instance = %self.config.name, %error, "could not set synchronous_standby_names");
             }
+        }
+        if matches!(local, LocalState::Ready(_)) {
+            self.keep_certificates().await;
         }
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
             self.roles.keep(&self.config);
@@ -731,11 +738,35 @@ impl<C: ControlPlane> Agent<C> {
         Ok(())
     }
 
+    /// Reloads the server when the kubelet swapped in a renewed certificate: new connections
+    /// get it, open ones keep theirs, nothing restarts.
+    async fn keep_certificates(&mut self) {
+        let Some(files) = &self.config.tls else { return };
+        if !self.certificates.changed(files) {
+            return;
+        }
+        match self.postgres.reload().await {
+            Ok(()) => {
+                tracing::info!(instance = %self.config.name, "server certificate changed: configuration reloaded")
+            }
+            Err(error) => {
+                // Tried again next step.
+                self.certificates = CertificateWatch::default();
+                tracing::warn!(instance = %self.config.name, %error, "server certificate changed: reload failed");
+            }
+        }
+    }
+
     fn start(&mut self, role: Role, upstream: Option<&Upstream>) -> Result<(), AgentError> {
         standby::write_required_settings(&self.config)?;
         if let Some(roles) = &self.config.roles {
             write_superuser_rule(&self.config, roles.superuser_network_access)
                 .map_err(|error| StandbyError::Files { path: self.config.pgdata.join("pg_hba.conf"), source: error })?;
+        }
+        crate::instance::tls::write_transport_rule(&self.config)
+            .map_err(|error| StandbyError::Files { path: self.config.pgdata.join("pg_hba.conf"), source: error })?;
+        if let Some(files) = &self.config.tls {
+            self.certificates.loaded(files);
         }
         self.roles.restart();
         // A clone or a rewind copied the source's value, which names this instance.

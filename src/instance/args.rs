@@ -73,6 +73,10 @@ pub struct InstanceRunArgs {
     /// names, or REPLICATION_PASSWORD; never a flag).
     #[arg(long, env = "REPLICATION_USER")]
     pub replication_user: String,
+    /// Directory of the server certificate (tls.crt, tls.key, ca.crt): TLS on, and every
+    /// connection to a peer verified by ca.crt. Unset: no TLS.
+    #[arg(long, env = "TLS_DIRECTORY")]
+    pub tls_directory: Option<PathBuf>,
     /// wal_keep_size: WAL kept for standbys and for pg_rewind.
     #[arg(long, env = "WAL_KEEP_SIZE", default_value = "256MB")]
     pub wal_keep_size: String,

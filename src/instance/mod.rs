@@ -16,6 +16,7 @@ pub mod recovery;
 pub mod roles;
 pub mod run;
 pub mod standby;
+pub mod tls;
 pub mod watchdog;
 
 pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT, UNRESPONSIVE_QUERIES};
@@ -49,6 +50,9 @@ pub struct InstanceConfig {
     /// as tests that bring their own cluster want). Their application role is also the local
     /// connection's fallback while a database made before issue 22 has no `superuser` role yet.
     pub roles: Option<crate::instance::roles::RoleSettings>,
+    /// The server certificate files: TLS on every network connection (None: off, as the
+    /// loopback tests run their servers).
+    pub tls: Option<crate::instance::tls::TlsFiles>,
     /// Role used to stream, clone and rewind from the primary.
     pub replication_user: String,
     /// Its password (environment only; never on a command line or in a log).
@@ -150,6 +154,7 @@ pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
                 listen_addresses: String::new(),
                 superuser: status.user,
                 roles: None,
+                tls: None,
                 replication_user: String::new(),
                 replication_password: String::new(),
                 settings: Vec::new(),

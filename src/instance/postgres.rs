@@ -188,6 +188,10 @@ impl Postgres {
         // where this server listens is given here.
         command.arg("-c").arg(format!("listen_addresses={}", config.listen_addresses));
         command.arg("-c").arg(format!("unix_socket_directories={}", config.socket_dir.display()));
+        // On the command line, above postgresql.auto.conf: no ALTER SYSTEM turns TLS off.
+        for (name, value) in config.tls.iter().flat_map(crate::instance::tls::server_settings) {
+            command.arg("-c").arg(format!("{name}={value}"));
+        }
         command
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(PostgresError::Start)?)

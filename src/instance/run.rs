@@ -43,6 +43,7 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
         listen_addresses: "*".into(),
         superuser: args.superuser.clone(),
         roles: role_settings()?,
+        tls: args.tls_directory.clone().map(|directory| crate::instance::tls::TlsFiles { directory }),
         replication_user: args.replication_user.clone(),
         replication_password,
         settings: server_settings(

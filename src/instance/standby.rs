@@ -51,6 +51,8 @@ pub fn conninfo(config: &InstanceConfig, upstream: &Upstream, with_password: boo
         "dbname=postgres".to_string(),
         "connect_timeout=5".to_string(),
     ];
+    // Over TLS, the peer verified as the database CA's certificate for its host name.
+    parts.extend(config.tls.as_ref().map(crate::instance::tls::client_conninfo));
     if with_password {
         parts.push(format!("password={}", conninfo_value(&config.replication_password)));
     }
@@ -405,6 +407,7 @@ mod tests {
             stop_grace: Duration::from_secs(1),
             unresponsive_after: Duration::from_secs(1),
             watchdog_binary: None,
+            tls: None,
         }
     }
 

@@ -102,13 +102,9 @@ async fn connect_as(
     if let Some(password) = password {
         config.password(password);
     }
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|error| BaseBackupError::Query {
-        host: host.to_string(),
-        port: args.port,
-        message: error.to_string(),
-    })?;
-    tokio::spawn(connection);
-    Ok(client)
+    crate::postgres_tls::connect(&config, args.ssl_root_certificate.as_deref())
+        .await
+        .map_err(|error| BaseBackupError::Query { host: host.to_string(), port: args.port, message: error.to_string() })
 }
 
 async fn source_facts(args: &BaseBackupArgs) -> Result<SourceFacts, BaseBackupError> {

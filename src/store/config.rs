@@ -200,6 +200,10 @@ pub struct BaseBackupArgs {
     /// Role with the REPLICATION attribute.
     #[arg(long, env = "PGUSER", default_value = "postgres")]
     pub user: String,
+    /// CA file: connect with TLS and verify the server by it for its host name (libpq's
+    /// variable, which pg_basebackup reads too, with PGSSLMODE=verify-full). Unset: no TLS.
+    #[arg(long, env = "PGSSLROOTCERT")]
+    pub ssl_root_certificate: Option<PathBuf>,
     /// The primary, where pg_switch_wal() completes the backup's last segment (default: the
     /// source when it is a primary; a standby source without it relies on archive_timeout).
     #[arg(long, env = "DBSERVICE_BACKUP_SWITCH_WAL_HOST")]

@@ -4,6 +4,7 @@
 mod archiving;
 mod backup_jobs;
 mod backups;
+mod certificates;
 mod chart;
 mod controller;
 mod healing;

@@ -196,6 +196,29 @@ pub enum Target<'a> {
     SuperuserUri,
 }
 
+/// Makes a client pod trust the database's CA as an application would: ConfigMap NAME-ca
+/// mounted, PGSSLROOTCERT naming its ca.crt (the Secrets' uri asks for sslmode=verify-full).
+pub fn trust_database_ca(pod: &mut serde_json::Value, database: &str) {
+    let spec = &mut pod["spec"];
+    let volume = serde_json::json!({"name": "database-ca", "configMap": {"name": format!("{database}-ca")}});
+    match spec["volumes"].as_array_mut() {
+        Some(volumes) => volumes.push(volume),
+        None => spec["volumes"] = serde_json::json!([volume]),
+    }
+    for container in spec["containers"].as_array_mut().into_iter().flatten() {
+        let mount = serde_json::json!({"name": "database-ca", "mountPath": "/database-ca", "readOnly": true});
+        match container["volumeMounts"].as_array_mut() {
+            Some(mounts) => mounts.push(mount),
+            None => container["volumeMounts"] = serde_json::json!([mount]),
+        }
+        let variable = serde_json::json!({"name": "PGSSLROOTCERT", "value": "/database-ca/ca.crt"});
+        match container["env"].as_array_mut() {
+            Some(environment) => environment.push(variable),
+            None => container["env"] = serde_json::json!([variable]),
+        }
+    }
+}
+
 static CLIENT_COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `sql` with psql in a pod of `namespace` (credentials from the DatabaseService's Secret, never on a
@@ -225,20 +248,22 @@ pub async fn psql(
                 from_secret("PGUSER", "username"),
                 from_secret("PGPASSWORD", "password"),
                 from_secret("PGDATABASE", "database"),
+                serde_json::json!({"name": "PGSSLMODE", "value": "verify-full"}),
             ],
         ),
     };
     command.extend(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-Atc", sql].map(String::from));
     environment.push(serde_json::json!({"name": "PGCONNECT_TIMEOUT", "value": "5"}));
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = serde_json::json!({
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": true, "runAsUser": 999},
             "containers": [{"name": "psql", "image": node.postgres_image, "command": command, "env": environment}],
         }
-    }))
-    .unwrap();
+    });
+    trust_database_ca(&mut pod, database);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
     pods.create(&PostParams::default(), &pod).await.expect("client pod created");
     let phase = eventually(&format!("client pod {namespace}/{name} to finish"), Duration::from_secs(90), || async {
         let phase = pods.get_opt(&name).await.ok().flatten()?.status?.phase?;

@@ -81,7 +81,7 @@ pub(crate) fn writer_log(namespace: &str) -> Vec<Attempt> {
 
 pub(crate) async fn start_writer(client: &kube::Client, node: &RealNode, namespace: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = serde_json::json!({
         "metadata": {"name": WRITER},
         "spec": {
             "restartPolicy": "Never",
@@ -93,8 +93,9 @@ pub(crate) async fn start_writer(client: &kube::Client, node: &RealNode, namespa
                 "env": [{"name": "DATABASE_URI", "valueFrom": {"secretKeyRef": {"name": format!("{DATABASE}-credentials"), "key": "uri"}}}],
             }],
         }
-    }))
-    .unwrap();
+    });
+    crate::environment::trust_database_ca(&mut pod, DATABASE);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
     pods.create(&PostParams::default(), &pod).await.expect("writer pod created");
     eventually("the writer committing", Duration::from_secs(120), || async {
         (writer_log(namespace).iter().filter(|attempt| attempt.acknowledged).count() >= 20).then_some(())

@@ -27,3 +27,4 @@ mod security;
 #[path = "../e2e/support/mod.rs"]
 mod support;
 mod synchronous;
+mod tls;

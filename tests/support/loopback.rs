@@ -378,6 +378,7 @@ impl Cluster {
                 stop_grace: Duration::from_secs(5),
                 unresponsive_after: Duration::from_secs(2),
                 watchdog_binary: None,
+                tls: None,
             };
             adjust(&mut config);
             world.ports.insert(name.to_string(), port);

@@ -10,12 +10,13 @@ use crate::api::pod::AGENT_DIRECTORY;
 use crate::api::pod::{AGENT_VOLUME, POSTGRES_PORT};
 use crate::operator::database::build::archiving::add_archiving;
 use crate::operator::database::build::container::agent_init_container;
-use crate::operator::database::build::volumes::agent_mount;
+use crate::operator::database::build::volumes::{agent_mount, server_certificate_secret};
 use crate::operator::database::build::{plain_env, restricted_security_context, secret_env};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::EnvVar;
 use k8s_openapi::api::core::v1::{
-    Container, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Volume, VolumeMount,
+    Container, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -82,6 +83,10 @@ pub fn job_labels(database_name: &str) -> BTreeMap<String, String> {
     .into()
 }
 
+/// Volume and directory of the database CA in a backup Job.
+const DATABASE_CA_VOLUME: &str = "database-ca";
+const DATABASE_CA_DIRECTORY: &str = "/dbservice/database-ca";
+
 /// The Job taking `backup` of `database`.
 pub fn backup_job(
     backup: &DatabaseServiceBackup,
@@ -146,6 +151,10 @@ fn backup_environment(
         // part in backups).
         plain_env("DBSERVICE_BACKUP_SWITCH_WAL_HOST", primary),
         plain_env("DBSERVICE_BACKUP_SUMMARY_FILE", TERMINATION_LOG),
+        // TLS, the server verified by the database's CA for the Service's name (pg_basebackup
+        // and our own connections read both).
+        plain_env("PGSSLMODE", "verify-full"),
+        plain_env("PGSSLROOTCERT", format!("{DATABASE_CA_DIRECTORY}/ca.crt")),
     ];
     if let Some(retention) = retention {
         environment.push(plain_env("DBSERVICE_BACKUP_RETENTION", retention));
@@ -166,6 +175,12 @@ fn backup_container(database: &DatabaseService, environment: Vec<EnvVar>) -> Con
         volume_mounts: Some(vec![
             VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
             VolumeMount { read_only: Some(true), ..agent_mount() },
+            VolumeMount {
+                name: DATABASE_CA_VOLUME.into(),
+                mount_path: DATABASE_CA_DIRECTORY.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
         ]),
         security_context: Some(restricted_security_context()),
         ..Default::default()
@@ -191,6 +206,17 @@ fn backup_pod(database: &DatabaseService, container: Container, instance_image: 
         volumes: Some(vec![
             Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
             Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
+            // Only the CA of the server certificate (public): the copy verifies the server by it.
+            Volume {
+                name: DATABASE_CA_VOLUME.into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(server_certificate_secret(database)),
+                    items: Some(vec![KeyToPath { key: "ca.crt".into(), path: "ca.crt".into(), ..Default::default() }]),
+                    default_mode: Some(0o444),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
         ]),
         ..Default::default()
     };

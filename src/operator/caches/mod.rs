@@ -222,11 +222,22 @@ impl Slim for PersistentVolumeClaim {
     }
 }
 
+/// Prefix of the certificate annotations renewal is decided by (kept on cached Secrets and ConfigMaps).
+const CERTIFICATE_ANNOTATION_PREFIX: &str = "dbservice.dev/certificate-";
+
+/// Drops the metadata nothing reads, keeping the certificate annotations.
+fn slim_metadata_keeping_certificates(metadata: &mut kube::api::ObjectMeta) {
+    let mut annotations = metadata.annotations.take().unwrap_or_default();
+    slim_metadata(metadata);
+    annotations.retain(|key, _| key.starts_with(CERTIFICATE_ANNOTATION_PREFIX));
+    metadata.annotations = (!annotations.is_empty()).then_some(annotations);
+}
+
 impl Slim for PartialObjectMeta<Secret> {
     /// Nothing reads a cached Secret's labels (ownership is its ownerReferences; it is never
-    /// compared for drift, only created when missing).
+    /// compared for drift, only created when missing or renewed by its annotations).
     fn slim(&mut self) {
-        slim_metadata(&mut self.metadata);
+        slim_metadata_keeping_certificates(&mut self.metadata);
         self.metadata.labels = None;
     }
 }
@@ -235,7 +246,7 @@ impl Slim for ConfigMap {
     /// The scripts (12 KiB) and the ledger (up to 128 KiB) would dominate the cache: only a
     /// fingerprint of the data and the labels is kept, which is all drift detection needs.
     fn slim(&mut self) {
-        slim_metadata(&mut self.metadata);
+        slim_metadata_keeping_certificates(&mut self.metadata);
         let labels = self.metadata.labels.take();
         if let Some(data) = self.data.take() {
             self.data = Some(BTreeMap::from([(FINGERPRINT_KEY.to_string(), fingerprint(&data, labels.as_ref()))]));

@@ -92,6 +92,10 @@ async fn apply_children(
             Some(_) => {}
         }
     }
+    // Before the StatefulSet: its pods mount the server certificate.
+    applied.certificate_issued =
+        crate::operator::database::certificates::apply_certificates(database, &workload.certificates, context, &key)
+            .await?;
     // The scripts, the Services and the agents' access do not depend on each other: written at
     // once, a first pass waits for one round trip instead of one per object. The StatefulSet
     // comes after them, since its pods mount the scripts and run as the agents' account.

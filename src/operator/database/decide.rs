@@ -12,6 +12,7 @@ use crate::operator::caches::diff;
 use crate::operator::conditions::{self, types};
 use crate::operator::database::archiving::{decide_archiving, ArchivingHealth};
 use crate::operator::database::build::{self, WorkloadInputs};
+use crate::operator::database::certificates::{decide_certificates, observed_certificates, CertificateWork};
 use crate::operator::database::failover::pass::{decide_failover, report_of, FailoverInput, URGENT_REQUEUE};
 use crate::operator::database::healing::{decide_rollout, Rollout};
 use crate::operator::database::observe::{claim_class, claim_request, Observed};
@@ -66,6 +67,8 @@ pub struct Workload {
     pub create_credentials: bool,
     /// No superuser Secret is cached: create one (never overwrite one).
     pub create_superuser: bool,
+    /// Certificates to make, issue or publish.
+    pub certificates: CertificateWork,
     /// Role labels to set.
     pub pod_labels: Vec<PodLabel>,
     /// Pods stuck broken on an old revision, deleted with uid and resourceVersion preconditions.
@@ -199,6 +202,15 @@ pub fn decide(input: &DecideInput) -> Decision {
         inputs,
         create_credentials,
         create_superuser: observed.superuser.is_none(),
+        certificates: decide_certificates(
+            database,
+            observed_certificates(
+                observed.certificate_authority.as_ref(),
+                observed.server_certificate.as_ref(),
+                observed.published_authority.as_ref(),
+            ),
+            now,
+        ),
         pod_labels,
         pod_deletions,
         claim_changes,
@@ -642,6 +654,8 @@ pub struct Applied {
     /// The superuser Secret was created (for a database that had none: a new one, or one made
     /// before the application role stopped being the superuser).
     pub superuser_created: Option<String>,
+    /// A server certificate was issued: what and why.
+    pub certificate_issued: Option<String>,
     /// Each child applied: its description (`StatefulSet/demo`) and what happened.
     pub children: Vec<(String, ApplyOutcome)>,
 }
@@ -677,6 +691,13 @@ pub fn journal_applied(workload: &Workload, applied: &Applied, generation: i64, 
                 journal.record(false, "Updated", format!("{object} updated for the new spec"), None)
             }
         }
+    }
+    if let Some(issued) = &applied.certificate_issued {
+        // The first one, made with the database, is no news; a renewal or a replacement is.
+        let entry = workload
+            .provisioned_before
+            .then(|| LedgerEntry::at(now, generation, "CertificateIssued", "", issued.clone(), "issued"));
+        journal.record(false, "CertificateIssued", issued.clone(), entry);
     }
     if let Some(secret) = applied.superuser_created.as_ref().filter(|_| workload.provisioned_before) {
         // A database made when its application role was the superuser: that role is turned

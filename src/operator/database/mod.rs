@@ -12,6 +12,7 @@ pub mod access;
 pub mod apply;
 pub mod archiving;
 pub mod build;
+pub mod certificates;
 pub mod cleanup;
 pub mod decide;
 pub mod error;

@@ -33,6 +33,12 @@ pub struct Observed {
     pub credentials: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Secret NAME-superuser, metadata only, like the credentials.
     pub superuser: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// Secret NAME-ca (the CA), metadata only.
+    pub certificate_authority: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// Secret NAME-tls (the server certificate), metadata only.
+    pub server_certificate: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// ConfigMap NAME-ca (the CA published).
+    pub published_authority: Option<Arc<Compact<ConfigMap>>>,
     /// Pods labelled as this instance's, by name.
     pub pods: Vec<Arc<Pod>>,
     /// PVCs labelled as this instance's, by name.
@@ -60,6 +66,9 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         ledger: cached(&stores.config_maps, &namespace, &ChildNames::ledger(&name)),
         credentials: cached(&stores.secrets, &namespace, &ChildNames::credentials(&name)),
         superuser: cached(&stores.secrets, &namespace, &ChildNames::superuser(&name)),
+        certificate_authority: cached(&stores.secrets, &namespace, &ChildNames::certificate_authority(&name)),
+        server_certificate: cached(&stores.secrets, &namespace, &ChildNames::server_certificate(&name)),
+        published_authority: cached(&stores.config_maps, &namespace, &ChildNames::certificate_authority(&name)),
         pods,
         claims,
         expandable_classes: BTreeMap::new(),

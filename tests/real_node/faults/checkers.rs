@@ -42,7 +42,7 @@ pub async fn start_pinned_writer(client: &kube::Client, node: &RealNode, namespa
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let secret = format!("{DATABASE}-credentials");
     let from_secret = |variable: &str, key: &str| serde_json::json!({"name": variable, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}});
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = serde_json::json!({
         "metadata": {"name": PINNED_WRITER},
         "spec": {
             "restartPolicy": "Never",
@@ -58,11 +58,13 @@ pub async fn start_pinned_writer(client: &kube::Client, node: &RealNode, namespa
                     {"name": "DATABASE", "value": DATABASE},
                     {"name": "NAMESPACE", "value": namespace},
                     {"name": "INSTANCES", "value": instances.to_string()},
+                    {"name": "PGSSLMODE", "value": "verify-full"},
                 ],
             }],
         }
-    }))
-    .unwrap();
+    });
+    crate::environment::trust_database_ca(&mut pod, DATABASE);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
     pods.create(&PostParams::default(), &pod).await.expect("pinned writer pod created");
     eventually("the pinned writer committing", Duration::from_secs(120), || async {
         (pinned_log(namespace).len() >= 10).then_some(())

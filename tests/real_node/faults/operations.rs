@@ -84,7 +84,7 @@ async fn the_application_holding_every_connection_starts_no_failover() {
         "for i in $(eval echo {{1..{STORM_SESSIONS}}}); do psql \"$DATABASE_URI\" -Atc 'select pg_sleep({STORM_SECONDS})' \
          >/dev/null & done; wait; echo storm over"
     );
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let mut pod = serde_json::json!({
         "metadata": {"name": "storm"},
         "spec": {
             "restartPolicy": "Never",
@@ -96,8 +96,9 @@ async fn the_application_holding_every_connection_starts_no_failover() {
                 "env": [{"name": "DATABASE_URI", "valueFrom": {"secretKeyRef": {"name": format!("{DATABASE}-credentials"), "key": "uri"}}}],
             }],
         }
-    }))
-    .unwrap();
+    });
+    crate::environment::trust_database_ca(&mut pod, DATABASE);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
     let pods: Api<Pod> = Api::namespaced(bed.client.clone(), bed.ns());
     pods.create(&PostParams::default(), &pod).await.unwrap();
     // Refused sessions prove that every slot was taken.

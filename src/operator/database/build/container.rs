@@ -5,7 +5,7 @@ use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::{
     AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, OPERATOR_BINARY, PGDATA, POSTGRES_PORT, SUPERUSER,
-    SUPERUSER_DIRECTORY,
+    SUPERUSER_DIRECTORY, TLS_DIRECTORY,
 };
 use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
 use crate::operator::database::build::probes::{liveness_probe, readiness_probe};
@@ -35,6 +35,11 @@ fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<Env
         secret_env("REPLICATION_USER", &secret, "replication-username"),
         plain_env("REPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/replication-password")),
         plain_env("PGDATA", PGDATA),
+        // TLS on every network connection: the server's certificate and, for every libpq
+        // client in the pod (clone, rewind, the WAL receiver), the CA to verify the peer by.
+        plain_env("TLS_DIRECTORY", TLS_DIRECTORY),
+        plain_env("PGSSLMODE", "verify-full"),
+        plain_env("PGSSLROOTCERT", format!("{TLS_DIRECTORY}/ca.crt")),
     ];
     if with_agent {
         env.push(field_env("POD_NAMESPACE", "metadata.namespace"));

@@ -20,7 +20,12 @@ pub fn credentials_secret(database: &DatabaseService, password: &str, replicatio
     let name = database.name_any();
     let spec = &database.spec;
     let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
-    let uri = format!("postgresql://{}:{password}@{host}:{POSTGRES_PORT}/{}", spec.username, spec.database_name);
+    // TLS only, the server verified for the Service's name by the CA of ConfigMap NAME-ca
+    // (mounted as ~/.postgresql/root.crt, or named by PGSSLROOTCERT or sslrootcert).
+    let uri = format!(
+        "postgresql://{}:{password}@{host}:{POSTGRES_PORT}/{}?sslmode=verify-full",
+        spec.username, spec.database_name
+    );
     let data: BTreeMap<String, ByteString> = [
         ("username", spec.username.clone()),
         ("password", password.to_string()),
@@ -47,7 +52,7 @@ pub fn credentials_secret(database: &DatabaseService, password: &str, replicatio
 pub fn superuser_secret(database: &DatabaseService, password: &str) -> Secret {
     let name = database.name_any();
     let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
-    let uri = format!("postgresql://{SUPERUSER}:{password}@{host}:{POSTGRES_PORT}/postgres");
+    let uri = format!("postgresql://{SUPERUSER}:{password}@{host}:{POSTGRES_PORT}/postgres?sslmode=verify-full");
     let data: BTreeMap<String, ByteString> = [
         ("username", SUPERUSER.to_string()),
         ("password", password.to_string()),

@@ -4,8 +4,8 @@
 //!
 //! Split by part, as a pod is: [`stateful_set`] assembles [`container`]s, [`volumes`],
 //! [`probes`], [`security`] and [`environment`]; [`archiving`] and [`recovery`] decorate the pod;
-//! [`services`], [`credentials`] and the agents' [`access`](crate::operator::database::access)
-//! are the other children.
+//! [`services`], [`credentials`], the certificates' [`tls`] objects and the agents'
+//! [`access`](crate::operator::database::access) are the other children.
 
 pub mod archiving;
 pub mod container;
@@ -16,6 +16,7 @@ pub mod recovery;
 pub mod security;
 pub mod services;
 pub mod stateful_set;
+pub mod tls;
 pub mod volumes;
 
 use crate::api::database_service::DatabaseService;

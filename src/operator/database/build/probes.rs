@@ -21,7 +21,9 @@ fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> 
             command: Some(vec![
                 "/bin/sh".into(),
                 "-c".into(),
-                format!("exec pg_isready -h 127.0.0.1 -p {POSTGRES_PORT} -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\""),
+                // 127.0.0.1 is not among the certificate's names: the probe asks for TLS without
+                // verifying it (the pod's PGSSLMODE is verify-full), it only checks that the server answers.
+                format!("PGSSLMODE=prefer exec pg_isready -h 127.0.0.1 -p {POSTGRES_PORT} -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\""),
             ]),
         }),
         initial_delay_seconds: Some(initial_delay),

@@ -31,7 +31,7 @@ fn pod_template(database: &DatabaseService, inputs: &WorkloadInputs) -> PodTempl
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(30),
         security_context: Some(database_pod_security_context()),
-        volumes: Some(pod_volumes(&name, with_agent)),
+        volumes: Some(pod_volumes(database, with_agent)),
         ..Default::default()
     };
     // Archiving and recovery need our binary in the pod, so they follow spec.backup and

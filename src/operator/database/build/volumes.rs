@@ -3,7 +3,7 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, ChildNames, DATA_VOLUME};
-use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME, CREDENTIALS_DIRECTORY, SUPERUSER_DIRECTORY};
+use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME, CREDENTIALS_DIRECTORY, SUPERUSER_DIRECTORY, TLS_DIRECTORY};
 use crate::operator::database::build::WorkloadInputs;
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, EmptyDirVolumeSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -44,6 +44,12 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
             read_only: Some(true),
             ..Default::default()
         },
+        VolumeMount {
+            name: TLS_VOLUME.into(),
+            mount_path: TLS_DIRECTORY.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
     ];
     if with_agent {
         mounts.push(VolumeMount { read_only: Some(true), ..agent_mount() });
@@ -55,6 +61,18 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
 const CREDENTIALS_VOLUME: &str = "credentials";
 /// Volume of the superuser Secret's password.
 const SUPERUSER_VOLUME: &str = "superuser";
+
+/// Volume of the server certificate Secret. PostgreSQL accepts a key file owned by root and
+/// readable by its group only (the kubelet's files, 0440 and group fsGroup).
+const TLS_VOLUME: &str = "tls";
+
+/// The server certificate Secret the pods serve: the user's (spec.tls) or the operator's.
+pub fn server_certificate_secret(database: &DatabaseService) -> String {
+    database
+        .spec
+        .user_server_certificate()
+        .map_or_else(|| ChildNames::server_certificate(&database.name_any()), String::from)
+}
 
 /// Only the `keys` of Secret `secret`, as files readable by their owner (root) and the pod's
 /// group (the postgres user's, through fsGroup), nobody else.
@@ -81,8 +99,10 @@ fn empty_dir(name: &str) -> Volume {
 }
 
 /// The pod's volumes besides the data claim: the scripts ConfigMap, the socket and temporary
-/// directories, the passwords as files, and the agent's binary directory when there is an agent.
-pub fn pod_volumes(name: &str, with_agent: bool) -> Vec<Volume> {
+/// directories, the passwords and the server certificate as files, and the agent's binary
+/// directory when there is an agent.
+pub fn pod_volumes(database: &DatabaseService, with_agent: bool) -> Vec<Volume> {
+    let name = &database.name_any();
     let scripts = Volume {
         name: "scripts".into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -98,6 +118,7 @@ pub fn pod_volumes(name: &str, with_agent: bool) -> Vec<Volume> {
         empty_dir("tmp"),
         secret_files(CREDENTIALS_VOLUME, &ChildNames::credentials(name), &["password", "replication-password"]),
         secret_files(SUPERUSER_VOLUME, &ChildNames::superuser(name), &["password"]),
+        secret_files(TLS_VOLUME, &server_certificate_secret(database), &["tls.crt", "tls.key", "ca.crt"]),
     ]
     .into_iter()
     .chain(with_agent.then(|| empty_dir(AGENT_VOLUME)))

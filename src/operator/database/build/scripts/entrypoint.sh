@@ -184,6 +184,12 @@ if [ -n "${DBSERVICE_ARCHIVE_COMMAND:-}" ]; then
 	PG_ARGS+=(-c archive_mode=on -c "archive_command=$DBSERVICE_ARCHIVE_COMMAND" -c "archive_timeout=${DBSERVICE_ARCHIVE_TIMEOUT_SECONDS:-300}")
 fi
 
+# TLS (without the agent; the agent gives the same settings to the server it starts).
+if [ -n "${TLS_DIRECTORY:-}" ]; then
+	PG_ARGS+=(-c ssl=on -c "ssl_cert_file=$TLS_DIRECTORY/tls.crt" -c "ssl_key_file=$TLS_DIRECTORY/tls.key"
+		-c "ssl_ca_file=$TLS_DIRECTORY/ca.crt" -c ssl_min_protocol_version=TLSv1.2)
+fi
+
 data_dir_initialized() {
 	[ -s "$PGDATA/PG_VERSION" ]
 }

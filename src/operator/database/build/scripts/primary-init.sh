@@ -127,6 +127,23 @@ else
 	log "pg_hba.conf allows replication connections for \"$REPLICATION_USER\" (scram-sha-256)"
 fi
 
+# Network connections without TLS: rejected before any other rule (the agent rewrites this
+# block before every start too).
+tls_begin='# BEGIN dbservice-operator tls'
+if [ -n "${TLS_DIRECTORY:-}" ] && ! grep -qxF "$tls_begin" "$hba"; then
+	tmp="$hba.dbservice.tmp"
+	{
+		printf '%s\n' "$tls_begin"
+		printf 'hostnossl\tall\tall\tall\treject\n'
+		printf 'hostnossl\treplication\tall\tall\treject\n'
+		printf '%s\n' '# END dbservice-operator tls'
+		cat "$hba"
+	} >"$tmp"
+	chmod 600 "$tmp"
+	mv -f "$tmp" "$hba"
+	log "pg_hba.conf rejects network connections without TLS"
+fi
+
 # Network logins as the superuser: rejected first unless allowed (the agent rewrites this block
 # before every start, so that spec.enableSuperuserAccess can change).
 superuser_begin='# BEGIN dbservice-operator superuser'
