@@ -88,11 +88,15 @@ fn the_job_runs_our_binary_in_the_database_image_against_the_standby_service() {
     // pg_switch_wal() as the replication role too: the application's password is not the Job's.
     let names: Vec<&str> = backup.env.as_ref().unwrap().iter().map(|variable| variable.name.as_str()).collect();
     assert!(!names.contains(&"DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD"), "{names:?}");
-    assert_eq!(secret_reference(backup, "AWS_ACCESS_KEY_ID"), ("s3-credentials".into(), "id".into()));
-    assert_eq!(secret_reference(backup, "AWS_SECRET_ACCESS_KEY"), ("s3-credentials".into(), "secretAccessKey".into()));
+    assert_eq!(value(backup, "DBSERVICE_S3_SECRET_ACCESS_KEY_FILE"), "/dbservice/s3-credentials/secretAccessKey");
+    assert!(!names.contains(&"AWS_SECRET_ACCESS_KEY"), "the store's keys are files: {names:?}");
+    // The server verified over TLS by the database's CA.
+    assert_eq!(value(backup, "PGSSLMODE"), "verify-full");
+    assert_eq!(value(backup, "PGSSLROOTCERT"), "/dbservice/database-ca/ca.crt");
     // Credentials only by reference; archiving's entrypoint settings are not the Job's business.
     for variable in backup.env.as_ref().unwrap() {
-        let secret = ["PASSWORD", "SECRET", "ACCESS_KEY", "PGUSER"].iter().any(|word| variable.name.contains(word));
+        let secret = ["PASSWORD", "SECRET", "ACCESS_KEY", "PGUSER"].iter().any(|word| variable.name.contains(word))
+            && !variable.name.ends_with("_FILE");
         assert!(!secret || variable.value.is_none(), "{} carries a value", variable.name);
         assert!(!variable.name.starts_with("DBSERVICE_ARCHIVE_"), "{}", variable.name);
     }

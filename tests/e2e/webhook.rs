@@ -215,6 +215,12 @@ async fn a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted
     config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
     let as_author = kube::Client::try_from(config).unwrap();
     let authors: Api<DatabaseService> = Api::namespaced(as_author, ns);
+    // The RBAC authorizer sees a new binding a moment after it was created (its informer): until
+    // then the author is refused by RBAC, before admission.
+    crate::support::eventually("the author's Role binding in effect", Duration::from_secs(30), || async {
+        authors.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
     let message = rejection_message(authors.create(&PostParams::default(), &object("stolen")).await.unwrap_err());
     assert!(message.contains("admission webhook"), "not rejected by our webhook: {message}");
     assert!(

@@ -200,6 +200,8 @@ fn backup_pod(database: &DatabaseService, container: Container, instance_image: 
             run_as_non_root: Some(true),
             run_as_user: Some(999),
             run_as_group: Some(999),
+            // The store's credentials are files readable by the pod's group only.
+            fs_group: Some(999),
             seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
             ..Default::default()
         }),

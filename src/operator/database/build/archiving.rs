@@ -2,18 +2,22 @@
 //! the operator's image known, the StatefulSet's pods get it from the `install-dbservice` init
 //! container in the `dbservice-bin` emptyDir at `/dbservice/bin` (for the instance agent, see
 //! `operator::database::build`). The store settings reach `wal-archive` through the container's
-//! environment; the credentials come from the Secret by reference, never as values.
+//! environment; the credentials as files of the Secret (mode 0440), never as values or
+//! environment variables (which PostgreSQL and every program it starts would inherit).
 
 use crate::api::backup::DEFAULT_ARCHIVE_TIMEOUT_SECONDS;
 use crate::api::database_service::DatabaseService;
 use crate::api::pod::AGENT_DIRECTORY;
-use crate::operator::database::build::{plain_env, secret_env};
-use k8s_openapi::api::core::v1::{EnvVar, PodSpec, SecretVolumeSource, Volume, VolumeMount};
+use crate::operator::database::build::plain_env;
+use k8s_openapi::api::core::v1::{EnvVar, KeyToPath, PodSpec, SecretVolumeSource, Volume, VolumeMount};
 use kube::ResourceExt;
 
 /// Volume and directory of the store's CA certificates, when `caSecret` is set.
 const CA_VOLUME: &str = "dbservice-s3-ca";
 const CA_DIRECTORY: &str = "/dbservice/s3-ca";
+/// Volume and directory of the store's credentials (files `accessKeyId`, `secretAccessKey`).
+const CREDENTIALS_VOLUME: &str = "dbservice-s3-credentials";
+const CREDENTIALS_DIRECTORY: &str = "/dbservice/s3-credentials";
 
 /// The postgres container's environment for archiving: store settings, credentials by
 /// reference, and `DBSERVICE_ARCHIVE_COMMAND` / `DBSERVICE_ARCHIVE_TIMEOUT_SECONDS`, which the
@@ -21,7 +25,6 @@ const CA_DIRECTORY: &str = "/dbservice/s3-ca";
 pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
     let Some(backup) = &database.spec.backup else { return Vec::new() };
     let store = &backup.object_store;
-    let credentials = &store.credentials_secret;
     let name = database.name_any();
     let mut environment = vec![
         plain_env("DBSERVICE_S3_ENDPOINT", &store.endpoint),
@@ -29,16 +32,8 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
         plain_env("DBSERVICE_S3_PATH", store.path.clone().unwrap_or_default()),
         plain_env("DBSERVICE_BACKUP_SERVER_NAME", store.server_name_or(&name)),
         plain_env("DBSERVICE_S3_REGION", store.region.clone().unwrap_or_else(|| "us-east-1".into())),
-        secret_env(
-            "AWS_ACCESS_KEY_ID",
-            &credentials.name,
-            credentials.access_key_id_key.as_deref().unwrap_or("accessKeyId"),
-        ),
-        secret_env(
-            "AWS_SECRET_ACCESS_KEY",
-            &credentials.name,
-            credentials.secret_access_key_key.as_deref().unwrap_or("secretAccessKey"),
-        ),
+        plain_env("DBSERVICE_S3_ACCESS_KEY_ID_FILE", format!("{CREDENTIALS_DIRECTORY}/accessKeyId")),
+        plain_env("DBSERVICE_S3_SECRET_ACCESS_KEY_FILE", format!("{CREDENTIALS_DIRECTORY}/secretAccessKey")),
         plain_env("DBSERVICE_ARCHIVE_COMMAND", format!("{AGENT_DIRECTORY}/dbservice-operator wal-archive %p %f")),
         plain_env(
             "DBSERVICE_ARCHIVE_TIMEOUT_SECONDS",
@@ -56,6 +51,27 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
 /// without `spec.backup`.
 pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService) {
     let Some(backup) = &database.spec.backup else { return };
+    let credentials = &backup.object_store.credentials_secret;
+    let items = [
+        (credentials.access_key_id_key.as_deref().unwrap_or("accessKeyId"), "accessKeyId"),
+        (credentials.secret_access_key_key.as_deref().unwrap_or("secretAccessKey"), "secretAccessKey"),
+    ];
+    pod.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: CREDENTIALS_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(credentials.name.clone()),
+            items: Some(
+                items
+                    .iter()
+                    .map(|(key, path)| KeyToPath { key: key.to_string(), path: path.to_string(), ..Default::default() })
+                    .collect(),
+            ),
+            // Owner (root) and the pod's group (fsGroup: the postgres user) only.
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
     if let Some(ca) = &backup.object_store.ca_secret {
         pod.volumes.get_or_insert_with(Vec::new).push(Volume {
             name: CA_VOLUME.into(),
@@ -64,6 +80,12 @@ pub fn add_archiving(pod: &mut PodSpec, database: &DatabaseService) {
         });
     }
     if let Some(postgres) = pod.containers.first_mut() {
+        postgres.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+            name: CREDENTIALS_VOLUME.into(),
+            mount_path: CREDENTIALS_DIRECTORY.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
         if backup.object_store.ca_secret.is_some() {
             postgres.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
                 name: CA_VOLUME.into(),
