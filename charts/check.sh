@@ -40,3 +40,11 @@ done
 if "$helm" template x "$chart" --set certificates.mode=secret >/dev/null 2>&1; then echo "FAIL secret mode without name"; exit 1; fi
 if "$helm" template x "$chart" --set webhook.url=https://127.0.0.1:9443 >/dev/null 2>&1; then echo "FAIL url mode without caBundle"; exit 1; fi
 echo "ok   schema rejects bad values"
+
+# Database NetworkPolicies: the operator is told to make them, with the client selector as a flag.
+rendered="$out/database-network-policies.yaml"
+grep -A1 'name: DBSERVICE_DATABASE_CLIENT_SELECTOR' "$rendered" | grep -qF 'value: "app.kubernetes.io/part-of=shop,tier=api"' \
+  || { echo "FAIL the client selector does not reach the operator"; exit 1; }
+grep -q 'networkpolicies' "$out/default.yaml" || { echo "FAIL the operator may not write NetworkPolicies"; exit 1; }
+if grep -q DBSERVICE_DATABASE_NETWORK_POLICIES "$out/default.yaml"; then echo "FAIL NetworkPolicies on by default"; exit 1; fi
+echo "ok   database NetworkPolicies reach the operator only when enabled"

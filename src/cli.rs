@@ -137,6 +137,14 @@ pub struct RunArgs {
     /// agent (the primary is fixed to pod 0) and no archiving.
     #[arg(long, env = "DBSERVICE_INSTANCE_IMAGE", default_value = "")]
     pub instance_image: String,
+    /// Give each database's pods a NetworkPolicy: PostgreSQL's port open to the database's own
+    /// pods and to the pods of its namespace that --database-client-selector selects, nothing else.
+    #[arg(long, env = "DBSERVICE_DATABASE_NETWORK_POLICIES")]
+    pub database_network_policies: bool,
+    /// Labels (`key=value,...`) of the pods that may connect when NetworkPolicies are on; empty:
+    /// every pod of the database's namespace.
+    #[arg(long, env = "DBSERVICE_DATABASE_CLIENT_SELECTOR", default_value = "", value_parser = parse_labels)]
+    pub database_client_selector: std::collections::BTreeMap<String, String>,
     /// DatabaseServices reconciled at once. 16: a pass is a few sequential writes waiting on the
     /// apiserver, so with 4 the operator sat idle while 400 of 1000 new DatabaseServices waited for
     /// their first pass (benches/README.md, scale).
@@ -234,5 +242,38 @@ impl Cli {
                 std::process::exit(2);
             }
         }
+    }
+}
+
+/// `key=value,...` as labels: each key and value a label name and value (empty text: none).
+pub fn parse_labels(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let valid = |part: &str, max: usize| {
+        part.len() <= max
+            && part.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"-_./".contains(&byte))
+            && part.bytes().next().is_none_or(|byte| byte.is_ascii_alphanumeric())
+    };
+    text.split(',')
+        .filter(|pair| !pair.trim().is_empty())
+        .map(|pair| match pair.trim().split_once('=') {
+            Some((key, value)) if !key.is_empty() && valid(key, 317) && valid(value, 63) => {
+                Ok((key.to_string(), value.to_string()))
+            }
+            _ => Err(format!("{pair:?} is not key=value with a label name and value")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_labels;
+
+    #[test]
+    fn client_selectors_are_labels_and_bad_ones_are_named() {
+        assert!(parse_labels("").unwrap().is_empty());
+        let labels = parse_labels("app.kubernetes.io/part-of=shop, tier=api").unwrap();
+        assert_eq!(labels["app.kubernetes.io/part-of"], "shop");
+        assert_eq!(labels["tier"], "api");
+        assert!(parse_labels("tier").unwrap_err().contains("\"tier\" is not key=value"));
+        assert!(parse_labels("tier=a b").is_err());
     }
 }

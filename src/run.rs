@@ -140,6 +140,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
             selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
             instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
+            database_network_policy: args.database_network_policies.then(|| args.database_client_selector.clone()),
         },
         failover_timers: Default::default(),
     });

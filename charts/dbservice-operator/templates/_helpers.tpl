@@ -226,8 +226,10 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# Secret NAME-credentials: created once (metadata watched, never the data); get only to tell our
-# Secret from someone else's after a create conflict; deleted on deletionPolicy Delete.
+# Secrets NAME-credentials and NAME-superuser: created once (metadata watched, never the data);
+# get only to tell our Secret from someone else's after a create conflict, and to sign with the
+# database's CA (NAME-ca) when its server certificate NAME-tls is issued (patch); deleted on
+# deletionPolicy Delete.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -262,6 +264,11 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "patch", "update"]
+# NetworkPolicy NAME for the database's pods (databaseNetworkPolicies.enabled; server-side apply,
+# written with the StatefulSet).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
 # DatabaseServiceBackups: watched; created by the scheduler at the cron times; deleted beyond
 # the history limits (their Jobs go with them; the backups in the object store stay).
 - apiGroups: ["dbservice.dev"]
@@ -287,3 +294,14 @@ operator pods, which read children with GET, still run under the new rules.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+A map of labels as `key=value,...` (sorted by key), the operator's label-list flags.
+*/}}
+{{- define "dbservice-operator.labelList" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -108,7 +108,7 @@ pub fn dictionary() -> Vec<u8> {
     };
     let mut texts: Vec<String> = Vec::new();
     for instance_image in [None, Some("ghcr.io/dbservice/dbservice-operator:0.1.0")] {
-        let children = desired(&database, &inputs(instance_image), Some(passwords()), Some(String::new()));
+        let children = desired(&database, &inputs(instance_image), Some(passwords()), Some(String::new()), None);
         let mut stateful_set = serde_json::to_value(&children.stateful_set).expect("objects serialize");
         merge(&mut stateful_set, &stateful_set_defaults());
         let owner = stateful_set["metadata"]["ownerReferences"].clone();
@@ -271,7 +271,7 @@ mod tests {
         };
         let passwords = NewPasswords { password: "p".into(), replication_password: "r".into() };
         let mut stateful_set =
-            serde_json::to_value(desired(&database, &inputs, Some(passwords), None).stateful_set).unwrap();
+            serde_json::to_value(desired(&database, &inputs, Some(passwords), None, None).stateful_set).unwrap();
         merge(&mut stateful_set, &stateful_set_defaults());
         let text = body(stateful_set);
         let packed = Packed::new(&text);

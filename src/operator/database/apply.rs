@@ -17,6 +17,7 @@ use crate::operator::database::observe::Observed;
 use crate::operator::server_side_apply;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -77,7 +78,7 @@ async fn apply_children(
     context: &PassContext,
     applied: &mut Applied,
 ) -> Result<(), kube::Error> {
-    let Desired { credentials, superuser, scripts, services, stateful_set, instance_access } = desired;
+    let Desired { credentials, superuser, scripts, services, stateful_set, instance_access, network_policy } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
     let client = &context.shared.client;
@@ -114,7 +115,7 @@ async fn apply_children(
         })),
         async {
             match access_needed {
-                Some(access) => apply_access(&namespace, access, context).await,
+                Some(access) => apply_access(&namespace, access, network_policy.as_ref(), context).await,
                 None => Ok(()),
             }
         },
@@ -175,8 +176,17 @@ where
 
 /// The instance agents' ServiceAccount, Role, RoleBinding and primary Lease (metadata only: the
 /// Lease's holder is never touched by the operator's apply).
-async fn apply_access(namespace: &str, access: &InstanceAccess, context: &PassContext) -> Result<(), kube::Error> {
+async fn apply_access(
+    namespace: &str,
+    access: &InstanceAccess,
+    network_policy: Option<&NetworkPolicy>,
+    context: &PassContext,
+) -> Result<(), kube::Error> {
     let client = &context.shared.client;
+    // Who may reach the pods changes with them too (never corrected in a steady pass).
+    if let Some(policy) = network_policy {
+        server_side_apply(&Api::namespaced(client.clone(), namespace), policy, context).await?;
+    }
     let (accounts, roles, leases) = (
         Api::namespaced(client.clone(), namespace),
         Api::namespaced(client.clone(), namespace),

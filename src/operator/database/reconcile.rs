@@ -94,7 +94,13 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
             .create_credentials
             .then(|| NewPasswords { password: generate_password(), replication_password: generate_password() });
         let superuser_password = workload.create_superuser.then(generate_password);
-        let children = desired(database, &workload.inputs, passwords, superuser_password);
+        let children = desired(
+            database,
+            &workload.inputs,
+            passwords,
+            superuser_password,
+            context.shared.settings.database_network_policy.as_ref(),
+        );
         // The children written stay written even when apply fails part-way, and the next pass finds
         // nothing left to correct: what they record (a drift put back, a child recreated) is told
         // now or never. The decisions themselves are decided again by the next pass.

@@ -26,6 +26,9 @@ pub struct ControllerSettings {
     /// Image with the instance agent (the operator's own): None runs PostgreSQL without it
     /// (roles fixed by ordinal, no failover).
     pub instance_image: Option<String>,
+    /// A NetworkPolicy for each database's pods, letting in the pods this selects (empty: every
+    /// pod of the namespace) and the database's own; None: no NetworkPolicy.
+    pub database_network_policy: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl Default for ControllerSettings {
@@ -42,6 +45,7 @@ impl Default for ControllerSettings {
             watch_namespace: None,
             selector: None,
             instance_image: None,
+            database_network_policy: None,
         }
     }
 }

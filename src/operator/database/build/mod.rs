@@ -11,6 +11,7 @@ pub mod archiving;
 pub mod container;
 pub mod credentials;
 pub mod environment;
+pub mod network_policy;
 pub mod probes;
 pub mod recovery;
 pub mod security;
@@ -29,8 +30,10 @@ pub use crate::operator::database::build::services::services;
 pub use crate::operator::database::build::stateful_set::stateful_set;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
+use std::collections::BTreeMap;
 
 /// What the reconciler decided before building.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,6 +93,8 @@ pub struct Desired {
     pub stateful_set: StatefulSet,
     /// The instance agents' account, Role, binding and Lease (only with the agent).
     pub instance_access: Option<InstanceAccess>,
+    /// NetworkPolicy NAME (only with `--database-network-policies`).
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// Fresh passwords for a new credentials Secret (the one impure input of building).
@@ -101,12 +106,13 @@ pub struct NewPasswords {
 }
 
 /// Builds every child of `database` for the decided workload; `superuser_password` is given when
-/// the superuser Secret is to be created.
+/// the superuser Secret is to be created, `clients` when the pods get a NetworkPolicy.
 pub fn desired(
     database: &DatabaseService,
     inputs: &WorkloadInputs,
     passwords: Option<NewPasswords>,
     superuser_password: Option<String>,
+    clients: Option<&BTreeMap<String, String>>,
 ) -> Desired {
     Desired {
         credentials: passwords
@@ -116,6 +122,7 @@ pub fn desired(
         services: services(database),
         stateful_set: stateful_set(database, inputs),
         instance_access: inputs.instance_image.as_ref().map(|_| instance_access(database)),
+        network_policy: clients.map(|clients| network_policy::network_policy(database, clients)),
     }
 }
 
