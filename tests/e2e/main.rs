@@ -10,6 +10,7 @@ mod controller;
 mod healing;
 mod instance_policy;
 mod leader;
+mod network_policy;
 #[path = "../support/object_store.rs"]
 mod object_store;
 mod pipeline;
