@@ -111,8 +111,12 @@ fn main() {
         claim_template_size: "10Gi".into(),
         instance_image: None,
     };
-    let passwords = NewPasswords { password: "x".repeat(32), replication_password: "y".repeat(32) };
-    let children = desired(&database, &inputs, Some(passwords), Some("z".repeat(32)), None);
+    let passwords = NewPasswords {
+        application: Some("x".repeat(32)),
+        superuser: Some("z".repeat(32)),
+        replication: Some("y".repeat(32)),
+    };
+    let children = desired(&database, &inputs, passwords, None);
     let condition = |kind: &str| json!({"type": kind, "status": "True", "lastTransitionTime": "2026-12-01T00:00:05Z", "reason": "AllReady", "message": "all 1 instances are ready and serving 16.4", "observedGeneration": 1});
     let database_status = json!({
         "phase": "Running", "observedGeneration": 1, "readyReplicas": 1, "currentVersion": "16.4",

@@ -83,8 +83,8 @@ fn the_job_runs_our_binary_in_the_database_image_against_the_standby_service() {
     assert_eq!(value(backup, "DBSERVICE_S3_ENDPOINT"), "http://10.85.0.1:9000");
     assert_eq!(value(backup, "DBSERVICE_BACKUP_SERVER_NAME"), "orders");
     assert_eq!(value(backup, "DBSERVICE_S3_CA_FILE"), "/dbservice/s3-ca/ca.crt");
-    assert_eq!(secret_reference(backup, "PGUSER"), ("orders-credentials".into(), "replication-username".into()));
-    assert_eq!(secret_reference(backup, "PGPASSWORD"), ("orders-credentials".into(), "replication-password".into()));
+    assert_eq!(secret_reference(backup, "PGUSER"), ("orders-replication".into(), "username".into()));
+    assert_eq!(secret_reference(backup, "PGPASSWORD"), ("orders-replication".into(), "password".into()));
     // pg_switch_wal() as the replication role too: the application's password is not the Job's.
     let names: Vec<&str> = backup.env.as_ref().unwrap().iter().map(|variable| variable.name.as_str()).collect();
     assert!(!names.contains(&"DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD"), "{names:?}");

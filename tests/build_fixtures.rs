@@ -4,7 +4,8 @@
 use dbservice_operator::api::database_service::DatabaseService;
 use dbservice_operator::api::pod::{POSTGRES_PORT, RESTART_ANNOTATION};
 use dbservice_operator::operator::database::build::{
-    credentials_secret, generate_password, scripts_config_map, services, stateful_set, WorkloadInputs,
+    credentials_secret, generate_password, replication_secret, scripts_config_map, services, stateful_set,
+    WorkloadInputs,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Probe};
@@ -184,7 +185,7 @@ fn stateful_set_takes_credentials_from_the_secret_and_holds_no_literal_password(
             // The server's superuser is postgres, with a password of its own.
             ("POSTGRES_PASSWORD_FILE", &superuser, "password"),
             ("APPLICATION_PASSWORD_FILE", &secret, "password"),
-            ("REPLICATION_PASSWORD_FILE", &secret, "replication-password"),
+            ("REPLICATION_PASSWORD_FILE", &format!("{name}-replication"), "password"),
         ] {
             let path = plain(variable).unwrap_or_else(|| panic!("{file}: {variable} missing"));
             let (directory, file_name) = path.rsplit_once('/').unwrap();
@@ -209,8 +210,13 @@ fn stateful_set_takes_credentials_from_the_secret_and_holds_no_literal_password(
         // The passwords of a real Secret appear nowhere in the StatefulSet.
         let password = generate_password();
         let replication_password = generate_password();
-        let secret_object = credentials_secret(&database, &password, &replication_password);
+        let secret_object = credentials_secret(&database, &password);
         assert_eq!(secret_object.metadata.name.as_deref(), Some(secret.as_str()), "{file}");
+        // The application's Secret holds no replication password (that role reads the whole server).
+        let keys: Vec<&String> = secret_object.data.as_ref().unwrap().keys().collect();
+        assert!(keys.iter().all(|key| !key.contains("replication")), "{file}: {keys:?}");
+        let replication = replication_secret(&database, &replication_password);
+        assert_eq!(replication.metadata.name, Some(format!("{name}-replication")), "{file}");
         let json = serde_json::to_string(&built).unwrap();
         assert!(!json.contains(&password), "{file}: the password is in the StatefulSet");
         assert!(!json.contains(&replication_password), "{file}: the replication password is in the StatefulSet");
@@ -282,7 +288,7 @@ fn children_are_owned_by_the_database_service() {
             let what = format!("{file}: Service {}", service.metadata.name.clone().unwrap_or_default());
             assert_owned_by(service.metadata.owner_references.as_ref(), &database, &what);
         }
-        let secret = credentials_secret(&database, "password", "replication");
+        let secret = credentials_secret(&database, "password");
         assert_owned_by(secret.metadata.owner_references.as_ref(), &database, &format!("{file}: Secret"));
         let scripts = scripts_config_map(&database);
         assert_owned_by(scripts.metadata.owner_references.as_ref(), &database, &format!("{file}: ConfigMap"));
@@ -386,7 +392,7 @@ fn credentials_secret_has_connection_keys_and_a_uri_naming_the_host() {
     for (file, database) in fixtures() {
         let (name, namespace) = (name_of(&database), namespace_of(&database));
         let password = generate_password();
-        let secret = credentials_secret(&database, &password, &generate_password());
+        let secret = credentials_secret(&database, &password);
         let data: BTreeMap<String, String> = secret
             .data
             .unwrap_or_default()

@@ -46,6 +46,10 @@ impl ChildNames {
     pub fn server_certificate(name: &str) -> String {
         format!("{name}-tls")
     }
+    /// Replication Secret (the replication role's password; never the application's business).
+    pub fn replication(name: &str) -> String {
+        format!("{name}-replication")
+    }
     /// Scripts ConfigMap.
     pub fn scripts(name: &str) -> String {
         format!("{name}-scripts")

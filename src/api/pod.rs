@@ -5,6 +5,8 @@
 pub const POSTGRES_PORT: i32 = 5432;
 /// Where the credentials Secret's passwords are mounted as files (application, replication).
 pub const CREDENTIALS_DIRECTORY: &str = "/dbservice/credentials";
+/// Where the replication Secret's password is mounted as a file.
+pub const REPLICATION_DIRECTORY: &str = "/dbservice/replication";
 /// Where the superuser Secret's password is mounted as a file.
 pub const SUPERUSER_DIRECTORY: &str = "/dbservice/superuser";
 /// Where the server certificate Secret is mounted (tls.crt, tls.key, ca.crt).

@@ -286,6 +286,16 @@ pub async fn keep_roles(config: &InstanceConfig, settings: &RoleSettings) -> Res
     let grant =
         format!("GRANT EXECUTE ON FUNCTION pg_catalog.pg_switch_wal() TO {}", identifier(&config.replication_user));
     run(&superuser, "letting the replication role switch WAL files", &grant).await?;
+    // The replication role's password is the replication Secret's (one made again after it was
+    // deleted takes effect here; the standbys read the same file).
+    if !config.replication_password.is_empty() {
+        let password = unlogged(&[format!(
+            "ALTER ROLE {} PASSWORD {}",
+            identifier(&config.replication_user),
+            literal(&config.replication_password)
+        )]);
+        run(&superuser, "setting the replication role's password", &password).await?;
+    }
 
     // The databases to hand over: during a migration every database the bootstrap role made
     // (the application's among them), afterwards only the application's, if it changed hands.

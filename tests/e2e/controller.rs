@@ -344,8 +344,10 @@ async fn delete_with_retain_keeps_volumes_and_credentials() {
     assert!(
         claim.metadata.deletion_timestamp.is_none() && claim.metadata.owner_references.unwrap_or_default().is_empty()
     );
-    let secret = secrets.get("keep-credentials").await.expect("the Secret is retained");
-    assert!(secret.metadata.owner_references.unwrap_or_default().is_empty());
+    for retained in ["keep-credentials", "keep-replication", "keep-superuser"] {
+        let secret = secrets.get(retained).await.unwrap_or_else(|_| panic!("{retained} is retained"));
+        assert!(secret.metadata.owner_references.unwrap_or_default().is_empty(), "{retained}");
+    }
     let entries = ledger_entries(&client, ns, "keep").await;
     assert_eq!(entries.last().map(|entry| entry.action.as_str()), Some("Deleted"), "{entries:?}");
 }
@@ -367,8 +369,49 @@ async fn delete_with_delete_removes_volumes_and_credentials() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     eventually("PVC and Secret deleted", Duration::from_secs(120), || async {
         let claim_gone = claims.get_opt("data-gone-0").await.ok()?.is_none();
-        let secret_gone = secrets.get_opt("gone-credentials").await.ok()?.is_none();
+        let secret_gone = secrets.get_opt("gone-credentials").await.ok()?.is_none()
+            && secrets.get_opt("gone-replication").await.ok()?.is_none();
         (claim_gone && secret_gone).then_some(())
     })
     .await;
+}
+
+/// A database made when the replication password lived in its credentials Secret: the operator
+/// makes NAME-replication with that same password (its servers and standbys use it), and the
+/// application's Secret of a new database holds none.
+#[tokio::test]
+async fn the_replication_password_moves_to_its_own_secret_unchanged() {
+    let Some(kubeconfig) = cluster_or_skip("the_replication_password_moves_to_its_own_secret_unchanged") else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "replication-secret").await;
+    let ns = namespace.name.as_str();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    // The credentials Secret as an earlier operator version made it (its labels: ours).
+    let earlier: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "older-credentials", "labels": {
+            "app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "older",
+            "app.kubernetes.io/managed-by": "dbservice-operator"}},
+        "stringData": {"username": "app_user", "password": "application-secret", "database": "app",
+                       "replication-username": "replicator", "replication-password": "streaming-secret"}
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &earlier).await.unwrap();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), &sample_database("older")).await.unwrap();
+    api.create(&PostParams::default(), &sample_database("newer")).await.unwrap();
+    wait_for_phase(&api, "older", Phase::Running, Duration::from_secs(120)).await;
+    wait_for_phase(&api, "newer", Phase::Running, Duration::from_secs(120)).await;
+    let text = |secret: &Secret, key: &str| {
+        secret.data.as_ref().and_then(|data| data.get(key)).map(|value| String::from_utf8_lossy(&value.0).into_owned())
+    };
+    let moved = secrets.get("older-replication").await.expect("the replication Secret is made");
+    assert_eq!(text(&moved, "password").as_deref(), Some("streaming-secret"), "the password it had");
+    assert_eq!(text(&moved, "username").as_deref(), Some("replicator"));
+    let newer = secrets.get("newer-credentials").await.unwrap();
+    assert!(newer.data.unwrap().keys().all(|key| !key.contains("replication")), "the application's Secret");
+    let replication = secrets.get("newer-replication").await.unwrap();
+    assert!(text(&replication, "password").is_some_and(|password| password.len() >= 40));
 }

@@ -189,11 +189,13 @@ async fn retain_keeps_data_and_password_and_delete_removes_them() {
     eventually("fresh's volumes and credentials deleted", Duration::from_secs(180), || async {
         let claims_left = claims.list(&owned_by_fresh).await.ok()?.items.len();
         let secret_left = secrets.get_opt("fresh-credentials").await.ok()?.is_some()
-            || secrets.get_opt("fresh-superuser").await.ok()?.is_some();
+            || secrets.get_opt("fresh-superuser").await.ok()?.is_some()
+            || secrets.get_opt("fresh-replication").await.ok()?.is_some();
         (claims_left == 0 && !secret_left && databases.get_opt("fresh").await.ok()?.is_none()).then_some(())
     })
     .await;
     // The retained data of `pg` is untouched by that.
     assert!(secrets.get_opt("pg-credentials").await.unwrap().is_some());
     assert!(secrets.get_opt("pg-superuser").await.unwrap().is_some());
+    assert!(secrets.get_opt("pg-replication").await.unwrap().is_some());
 }

@@ -63,8 +63,7 @@ async fn the_application_cannot_act_as_superuser_and_the_superuser_logs_in_only_
         psql_in_instance(&namespace.name, "pg-0", "select encode(pg_read_binary_file('/proc/self/environ'), 'escape')");
     assert!(environment.contains("PGDATA="), "the backend's environment was read: {environment}");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
-    for (secret, key) in
-        [("pg-credentials", "password"), ("pg-credentials", "replication-password"), ("pg-superuser", "password")]
+    for (secret, key) in [("pg-credentials", "password"), ("pg-replication", "password"), ("pg-superuser", "password")]
     {
         let data = secrets.get(secret).await.unwrap().data.unwrap();
         let password = String::from_utf8(data[key].0.clone()).unwrap();

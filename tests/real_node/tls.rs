@@ -56,7 +56,7 @@ async fn client_script(
     let secret = "pg-credentials";
     let mut variables = vec![
         serde_json::json!({"name": "DATABASE_URI", "valueFrom": {"secretKeyRef": {"name": secret, "key": "uri"}}}),
-        serde_json::json!({"name": "REPLICATION_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "replication-password"}}}),
+        serde_json::json!({"name": "REPLICATION_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "pg-replication", "key": "password"}}}),
         serde_json::json!({"name": "DATABASE", "value": "pg"}),
         serde_json::json!({"name": "NAMESPACE", "value": namespace}),
         serde_json::json!({"name": "PGCONNECT_TIMEOUT", "value": "5"}),

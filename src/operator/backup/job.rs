@@ -139,13 +139,13 @@ fn backup_environment(
     retention: Option<&str>,
 ) -> Vec<EnvVar> {
     let database_name = database.name_any();
-    let credentials = ChildNames::credentials(&database_name);
+    let replication = ChildNames::replication(&database_name);
     let primary = format!("{database_name}.{}.svc", database.namespace().unwrap_or_default());
     let mut environment = vec![
         plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
         plain_env("PGPORT", POSTGRES_PORT.to_string()),
-        secret_env("PGUSER", &credentials, "replication-username"),
-        secret_env("PGPASSWORD", &credentials, "replication-password"),
+        secret_env("PGUSER", &replication, "username"),
+        secret_env("PGPASSWORD", &replication, "password"),
         // pg_switch_wal() on the primary completes the backup's last segment at once; the
         // replication role is granted it (the application's role is no superuser and needs no
         // part in backups).

@@ -98,7 +98,11 @@ pub fn dictionary() -> Vec<u8> {
         "spec": {"version": "16.4", "storageSize": "10Gi", "databaseName": "app", "username": "app_user", "replicas": 1}
     }))
     .expect("the sample database is valid");
-    let passwords = || NewPasswords { password: String::new(), replication_password: String::new() };
+    let passwords = || NewPasswords {
+        application: Some(String::new()),
+        superuser: Some(String::new()),
+        replication: Some(String::new()),
+    };
     let inputs = |instance_image: Option<&str>| WorkloadInputs {
         image: "postgres:16.4".into(),
         replicas: 1,
@@ -108,7 +112,7 @@ pub fn dictionary() -> Vec<u8> {
     };
     let mut texts: Vec<String> = Vec::new();
     for instance_image in [None, Some("ghcr.io/dbservice/dbservice-operator:0.1.0")] {
-        let children = desired(&database, &inputs(instance_image), Some(passwords()), Some(String::new()), None);
+        let children = desired(&database, &inputs(instance_image), passwords(), None);
         let mut stateful_set = serde_json::to_value(&children.stateful_set).expect("objects serialize");
         merge(&mut stateful_set, &stateful_set_defaults());
         let owner = stateful_set["metadata"]["ownerReferences"].clone();
@@ -269,9 +273,8 @@ mod tests {
             claim_template_size: "50Gi".into(),
             instance_image: Some("registry.example/dbservice-operator:1.2.3".into()),
         };
-        let passwords = NewPasswords { password: "p".into(), replication_password: "r".into() };
-        let mut stateful_set =
-            serde_json::to_value(desired(&database, &inputs, Some(passwords), None, None).stateful_set).unwrap();
+        let passwords = NewPasswords { application: Some("p".into()), ..Default::default() };
+        let mut stateful_set = serde_json::to_value(desired(&database, &inputs, passwords, None).stateful_set).unwrap();
         merge(&mut stateful_set, &stateful_set_defaults());
         let text = body(stateful_set);
         let packed = Packed::new(&text);

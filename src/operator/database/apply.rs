@@ -78,11 +78,20 @@ async fn apply_children(
     context: &PassContext,
     applied: &mut Applied,
 ) -> Result<(), kube::Error> {
-    let Desired { credentials, superuser, scripts, services, stateful_set, instance_access, network_policy } = desired;
+    let Desired {
+        credentials,
+        superuser,
+        replication,
+        scripts,
+        services,
+        stateful_set,
+        instance_access,
+        network_policy,
+    } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
     let client = &context.shared.client;
-    for (secret, is_superuser) in [(credentials, false), (superuser, true)] {
+    for (secret, is_superuser) in [(credentials, false), (superuser, true), (replication, false)] {
         let Some(secret) = secret else { continue };
         match create_credentials(database, &secret, context, &key).await? {
             None => {

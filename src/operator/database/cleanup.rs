@@ -95,7 +95,7 @@ pub async fn cleanup(database: &DatabaseService, context: &PassContext) -> Resul
         .filter(|claim| is_owned_by(claim.as_ref(), &uid))
         .map(|claim| ObjectIdentity::of(claim.as_ref()))
         .collect();
-    let secrets = [&observed.credentials, &observed.superuser]
+    let secrets = [&observed.credentials, &observed.superuser, &observed.replication]
         .into_iter()
         .flatten()
         .filter(|secret| is_owned_by(secret.as_ref(), &uid))

@@ -69,6 +69,8 @@ pub struct Workload {
     pub create_superuser: bool,
     /// Certificates to make, issue or publish.
     pub certificates: CertificateWork,
+    /// No replication Secret is cached: create one (never overwrite one).
+    pub create_replication: bool,
     /// Role labels to set.
     pub pod_labels: Vec<PodLabel>,
     /// Pods stuck broken on an old revision, deleted with uid and resourceVersion preconditions.
@@ -202,6 +204,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         inputs,
         create_credentials,
         create_superuser: observed.superuser.is_none(),
+        create_replication: observed.replication.is_none(),
         certificates: decide_certificates(
             database,
             observed_certificates(

@@ -33,6 +33,8 @@ pub struct Observed {
     pub credentials: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Secret NAME-superuser, metadata only, like the credentials.
     pub superuser: Option<Arc<PartialObjectMeta<Secret>>>,
+    /// Secret NAME-replication, metadata only, like the credentials.
+    pub replication: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Secret NAME-ca (the CA), metadata only.
     pub certificate_authority: Option<Arc<PartialObjectMeta<Secret>>>,
     /// Secret NAME-tls (the server certificate), metadata only.
@@ -66,6 +68,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         ledger: cached(&stores.config_maps, &namespace, &ChildNames::ledger(&name)),
         credentials: cached(&stores.secrets, &namespace, &ChildNames::credentials(&name)),
         superuser: cached(&stores.secrets, &namespace, &ChildNames::superuser(&name)),
+        replication: cached(&stores.secrets, &namespace, &ChildNames::replication(&name)),
         certificate_authority: cached(&stores.secrets, &namespace, &ChildNames::certificate_authority(&name)),
         server_certificate: cached(&stores.secrets, &namespace, &ChildNames::server_certificate(&name)),
         published_authority: cached(&stores.config_maps, &namespace, &ChildNames::certificate_authority(&name)),

@@ -45,6 +45,24 @@ fn caches_caught_up(database: &DatabaseService, context: &PassContext) -> bool {
     })
 }
 
+/// The replication password of a database made before its replication Secret: the one its
+/// credentials Secret holds (its standbys and its server use it), else a new one (the primary's
+/// agent sets it at its next start). Read once, only on that path.
+async fn existing_replication_password(
+    database: &DatabaseService,
+    context: &PassContext,
+) -> Result<Option<String>, ReconcileError> {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let name = crate::api::names::ChildNames::credentials(&database.name_any());
+    let credentials = secrets.get_opt(&name).await.map_err(ReconcileError::Observe)?;
+    let held = credentials
+        .and_then(|secret| secret.data?.remove("replication-password"))
+        .and_then(|password| String::from_utf8(password.0).ok())
+        .filter(|password| !password.is_empty());
+    Ok(Some(held.unwrap_or_else(generate_password)))
+}
+
 /// Sets the WAL archiving metrics from what decide saw (Unknown keeps the last known values).
 fn record_archiving(database: &DatabaseService, health: &ArchivingHealth, context: &PassContext) {
     let namespace = database.namespace().unwrap_or_default();
@@ -90,17 +108,18 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
         return Err(ReconcileError::StepDown);
     }
     if let Some(workload) = decision.workload.clone() {
-        let passwords = workload
-            .create_credentials
-            .then(|| NewPasswords { password: generate_password(), replication_password: generate_password() });
-        let superuser_password = workload.create_superuser.then(generate_password);
-        let children = desired(
-            database,
-            &workload.inputs,
-            passwords,
-            superuser_password,
-            context.shared.settings.database_network_policy.as_ref(),
-        );
+        let replication = match workload.create_replication {
+            true if !workload.create_credentials => existing_replication_password(database, context).await?,
+            true => Some(generate_password()),
+            false => None,
+        };
+        let passwords = NewPasswords {
+            application: workload.create_credentials.then(generate_password),
+            superuser: workload.create_superuser.then(generate_password),
+            replication,
+        };
+        let children =
+            desired(database, &workload.inputs, passwords, context.shared.settings.database_network_policy.as_ref());
         // The children written stay written even when apply fails part-way, and the next pass finds
         // nothing left to correct: what they record (a drift put back, a child recreated) is told
         // now or never. The decisions themselves are decided again by the next pass.

@@ -4,8 +4,8 @@
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::{
-    AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, OPERATOR_BINARY, PGDATA, POSTGRES_PORT, SUPERUSER,
-    SUPERUSER_DIRECTORY, TLS_DIRECTORY,
+    AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, OPERATOR_BINARY, PGDATA, POSTGRES_PORT,
+    REPLICATION_DIRECTORY, REPLICATION_USER, SUPERUSER, SUPERUSER_DIRECTORY, TLS_DIRECTORY,
 };
 use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
 use crate::operator::database::build::probes::{liveness_probe, readiness_probe};
@@ -32,8 +32,8 @@ fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<Env
         secret_env("APPLICATION_USER", &secret, "username"),
         plain_env("APPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/password")),
         plain_env("SUPERUSER_NETWORK_ACCESS", if database.spec.superuser_access_enabled() { "on" } else { "off" }),
-        secret_env("REPLICATION_USER", &secret, "replication-username"),
-        plain_env("REPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/replication-password")),
+        plain_env("REPLICATION_USER", REPLICATION_USER),
+        plain_env("REPLICATION_PASSWORD_FILE", format!("{REPLICATION_DIRECTORY}/password")),
         plain_env("PGDATA", PGDATA),
         // TLS on every network connection: the server's certificate and, for every libpq
         // client in the pod (clone, rewind, the WAL receiver), the CA to verify the peer by.

@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 const ENTRYPOINT_SCRIPT: &str = include_str!("scripts/entrypoint.sh");
 const PRIMARY_INIT_SCRIPT: &str = include_str!("scripts/primary-init.sh");
 
-/// The credentials Secret; `password` and `replication_password` come from the CSPRNG once.
-pub fn credentials_secret(database: &DatabaseService, password: &str, replication_password: &str) -> Secret {
+/// The credentials Secret (what applications mount); `password` comes from the CSPRNG once. The
+/// replication role's password is not in it (see [`replication_secret`]).
+pub fn credentials_secret(database: &DatabaseService, password: &str) -> Secret {
     let name = database.name_any();
     let spec = &database.spec;
     let host = format!("{name}.{}.svc", database.namespace().unwrap_or_default());
@@ -33,8 +34,6 @@ pub fn credentials_secret(database: &DatabaseService, password: &str, replicatio
         ("host", host),
         ("port", POSTGRES_PORT.to_string()),
         ("uri", uri),
-        ("replication-username", REPLICATION_USER.to_string()),
-        ("replication-password", replication_password.to_string()),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())))
@@ -65,6 +64,24 @@ pub fn superuser_secret(database: &DatabaseService, password: &str) -> Secret {
     .collect();
     Secret {
         metadata: metadata(database, ChildNames::superuser(&name)),
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The replication Secret (`username`, `password`): the replication role streams, clones and
+/// backs up the whole server, so applications never get its password. Created once, never
+/// overwritten; for a database made before it, with the password its credentials Secret held.
+pub fn replication_secret(database: &DatabaseService, password: &str) -> Secret {
+    let name = database.name_any();
+    let data: BTreeMap<String, ByteString> =
+        [("username", REPLICATION_USER.to_string()), ("password", password.to_string())]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())))
+            .collect();
+    Secret {
+        metadata: metadata(database, ChildNames::replication(&name)),
         type_: Some("Opaque".into()),
         data: Some(data),
         ..Default::default()

@@ -23,7 +23,9 @@ pub mod volumes;
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, owner_reference, ChildNames};
 pub use crate::operator::database::access::{instance_access, InstanceAccess};
-pub use crate::operator::database::build::credentials::{credentials_secret, scripts_config_map, superuser_secret};
+pub use crate::operator::database::build::credentials::{
+    credentials_secret, replication_secret, scripts_config_map, superuser_secret,
+};
 pub use crate::operator::database::build::environment::{plain_env, secret_env};
 pub use crate::operator::database::build::security::restricted_security_context;
 pub use crate::operator::database::build::services::services;
@@ -85,6 +87,8 @@ pub struct Desired {
     pub credentials: Option<Secret>,
     /// The superuser Secret, only when it is to be created (it is never overwritten).
     pub superuser: Option<Secret>,
+    /// The replication Secret, only when it is to be created (it is never overwritten).
+    pub replication: Option<Secret>,
     /// ConfigMap NAME-scripts.
     pub scripts: ConfigMap,
     /// Services NAME, NAME-replicas and NAME-headless.
@@ -97,27 +101,30 @@ pub struct Desired {
     pub network_policy: Option<NetworkPolicy>,
 }
 
-/// Fresh passwords for a new credentials Secret (the one impure input of building).
+/// The passwords of the Secrets this pass creates (the one impure input of building): each one
+/// given is a Secret to create.
+#[derive(Clone, Debug, Default)]
 pub struct NewPasswords {
-    /// The application role's password.
-    pub password: String,
-    /// The replication role's password.
-    pub replication_password: String,
+    /// The application role's (Secret NAME-credentials).
+    pub application: Option<String>,
+    /// The superuser's (Secret NAME-superuser).
+    pub superuser: Option<String>,
+    /// The replication role's (Secret NAME-replication).
+    pub replication: Option<String>,
 }
 
-/// Builds every child of `database` for the decided workload; `superuser_password` is given when
-/// the superuser Secret is to be created, `clients` when the pods get a NetworkPolicy.
+/// Builds every child of `database` for the decided workload, the Secrets `passwords` names,
+/// and the NetworkPolicy when `clients` is given.
 pub fn desired(
     database: &DatabaseService,
     inputs: &WorkloadInputs,
-    passwords: Option<NewPasswords>,
-    superuser_password: Option<String>,
+    passwords: NewPasswords,
     clients: Option<&BTreeMap<String, String>>,
 ) -> Desired {
     Desired {
-        credentials: passwords
-            .map(|passwords| credentials_secret(database, &passwords.password, &passwords.replication_password)),
-        superuser: superuser_password.map(|password| superuser_secret(database, &password)),
+        credentials: passwords.application.map(|password| credentials_secret(database, &password)),
+        superuser: passwords.superuser.map(|password| superuser_secret(database, &password)),
+        replication: passwords.replication.map(|password| replication_secret(database, &password)),
         scripts: scripts_config_map(database),
         services: services(database),
         stateful_set: stateful_set(database, inputs),

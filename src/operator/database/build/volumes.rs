@@ -3,7 +3,9 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, ChildNames, DATA_VOLUME};
-use crate::api::pod::{AGENT_DIRECTORY, AGENT_VOLUME, CREDENTIALS_DIRECTORY, SUPERUSER_DIRECTORY, TLS_DIRECTORY};
+use crate::api::pod::{
+    AGENT_DIRECTORY, AGENT_VOLUME, CREDENTIALS_DIRECTORY, REPLICATION_DIRECTORY, SUPERUSER_DIRECTORY, TLS_DIRECTORY,
+};
 use crate::operator::database::build::WorkloadInputs;
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, EmptyDirVolumeSource, KeyToPath, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -45,6 +47,12 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
             ..Default::default()
         },
         VolumeMount {
+            name: REPLICATION_VOLUME.into(),
+            mount_path: REPLICATION_DIRECTORY.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
             name: TLS_VOLUME.into(),
             mount_path: TLS_DIRECTORY.into(),
             read_only: Some(true),
@@ -59,6 +67,8 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
 
 /// Volume of the credentials Secret's passwords.
 const CREDENTIALS_VOLUME: &str = "credentials";
+/// Volume of the replication Secret's password.
+const REPLICATION_VOLUME: &str = "replication";
 /// Volume of the superuser Secret's password.
 const SUPERUSER_VOLUME: &str = "superuser";
 
@@ -116,7 +126,8 @@ pub fn pod_volumes(database: &DatabaseService, with_agent: bool) -> Vec<Volume> 
         scripts,
         empty_dir("run"),
         empty_dir("tmp"),
-        secret_files(CREDENTIALS_VOLUME, &ChildNames::credentials(name), &["password", "replication-password"]),
+        secret_files(CREDENTIALS_VOLUME, &ChildNames::credentials(name), &["password"]),
+        secret_files(REPLICATION_VOLUME, &ChildNames::replication(name), &["password"]),
         secret_files(SUPERUSER_VOLUME, &ChildNames::superuser(name), &["password"]),
         secret_files(TLS_VOLUME, &server_certificate_secret(database), &["tls.crt", "tls.key", "ca.crt"]),
     ]
