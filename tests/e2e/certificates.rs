@@ -72,3 +72,36 @@ async fn the_server_certificate_is_signed_by_the_published_ca_and_issued_again_w
     let published_after = config_maps.get("ledger-ca").await.unwrap();
     assert_eq!(published_after.data.unwrap_or_default().get("ca.crt"), Some(&authority), "the CA did not change");
 }
+
+/// With spec.tls.serverCertificateSecret the pods serve the user's Secret (cert-manager's) and
+/// the operator issues nothing.
+#[tokio::test]
+async fn a_users_certificate_secret_is_served_and_nothing_is_issued() {
+    let Some(kubeconfig) = cluster_or_skip("a_users_certificate_secret_is_served_and_nothing_is_issued") else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "user-certificate").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let mut database = sample_database("managed");
+    database.spec.tls = Some(dbservice_operator::api::database_service::TlsSpec {
+        server_certificate_secret: Some("managed-cert-manager".into()),
+    });
+    api.create(&PostParams::default(), &database).await.unwrap();
+    wait_for_phase(&api, "managed", Phase::Running, Duration::from_secs(120)).await;
+    let stateful_sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
+    let pod = stateful_sets.get("managed").await.unwrap().spec.template.spec.unwrap();
+    let served: Vec<String> = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|volume| volume.name == "tls")
+        .filter_map(|volume| volume.secret?.secret_name)
+        .collect();
+    assert_eq!(served, ["managed-cert-manager"], "the pods serve the user's Secret");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    assert!(secrets.get_opt("managed-tls").await.unwrap().is_none(), "no certificate issued");
+    assert!(secrets.get_opt("managed-ca").await.unwrap().is_none(), "no CA made");
+}
