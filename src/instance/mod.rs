@@ -10,6 +10,7 @@
 mod agent;
 pub mod archiving;
 pub mod args;
+pub mod hba;
 pub mod kubernetes;
 pub mod postgres;
 pub mod recovery;

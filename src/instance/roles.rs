@@ -405,54 +405,27 @@ fn finished_outcome(
 }
 
 /// First line of the operator's own block in pg_hba.conf.
-const HBA_BEGIN: &str = "# BEGIN dbservice-operator superuser";
+pub(crate) const HBA_BEGIN: &str = "# BEGIN dbservice-operator superuser";
 /// Last line of it.
-const HBA_END: &str = "# END dbservice-operator superuser";
+pub(crate) const HBA_END: &str = "# END dbservice-operator superuser";
 
 /// `hba` (pg_hba.conf) with the operator's superuser block first: network logins as `superuser`
 /// rejected unless `network_access` (socket logins stay, for the agent and `kubectl exec`).
 pub fn with_superuser_rule(hba: &str, superuser: &str, network_access: bool) -> String {
-    let mut kept = Vec::new();
-    let mut inside = false;
-    for line in hba.lines() {
-        match line {
-            HBA_BEGIN => inside = true,
-            HBA_END => inside = false,
-            _ if !inside => kept.push(line),
-            _ => {}
-        }
-    }
+    let kept = crate::instance::hba::without_block(hba, HBA_BEGIN, HBA_END);
     let mut text = String::new();
     if !network_access {
         text.push_str(&format!(
             "{HBA_BEGIN}\nhost\tall\t{superuser}\tall\treject\nhost\treplication\t{superuser}\tall\treject\n{HBA_END}\n"
         ));
     }
-    for line in kept {
-        text.push_str(line);
-        text.push('\n');
-    }
-    text
+    text + &crate::instance::hba::joined(&kept)
 }
 
 /// Writes the superuser block into the data directory's pg_hba.conf (before every start: a
 /// clone or a rewind copies the source's file, and `spec.enableSuperuserAccess` may change).
 pub fn write_superuser_rule(config: &InstanceConfig, network_access: bool) -> std::io::Result<()> {
-    let path = config.pgdata.join("pg_hba.conf");
-    let hba = match std::fs::read_to_string(&path) {
-        Ok(hba) => hba,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(error),
-    };
-    let wanted = with_superuser_rule(&hba, &config.superuser, network_access);
-    if wanted == hba {
-        return Ok(());
-    }
-    let temporary = path.with_extension("conf.dbservice.tmp");
-    std::fs::write(&temporary, wanted)?;
-    std::fs::set_permissions(&temporary, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    config.chown(&[&temporary]);
-    std::fs::rename(&temporary, &path)
+    crate::instance::hba::rewrite(config, |hba| with_superuser_rule(hba, &config.superuser, network_access))
 }
 
 #[cfg(test)]

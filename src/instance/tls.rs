@@ -4,6 +4,7 @@
 //! receiver: `verify-full` against the database's CA), and the reload when the kubelet swaps in
 //! a renewed certificate.
 
+use crate::instance::hba::{joined, without_block};
 use crate::instance::InstanceConfig;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -57,16 +58,8 @@ const HBA_END: &str = "# END dbservice-operator tls";
 /// included; after the superuser block when that leads, so that both rewrites are stable), or
 /// without it when `tls` is false; idempotent.
 pub fn with_transport_rule(hba: &str, tls: bool) -> String {
-    let mut kept = Vec::new();
-    let mut inside = false;
-    for line in hba.lines() {
-        match line {
-            HBA_BEGIN => inside = true,
-            HBA_END => inside = false,
-            _ if !inside => kept.push(line),
-            _ => {}
-        }
-    }
+    use crate::instance::roles::{HBA_BEGIN as SUPERUSER_BEGIN, HBA_END as SUPERUSER_END};
+    let mut kept = without_block(hba, HBA_BEGIN, HBA_END);
     let position = match kept.first() {
         Some(&SUPERUSER_BEGIN) => kept.iter().position(|line| *line == SUPERUSER_END).map_or(0, |end| end + 1),
         _ => 0,
@@ -75,30 +68,13 @@ pub fn with_transport_rule(hba: &str, tls: bool) -> String {
     if tls {
         kept.splice(position..position, block);
     }
-    kept.iter().map(|line| format!("{line}\n")).collect()
+    joined(&kept)
 }
-
-const SUPERUSER_BEGIN: &str = "# BEGIN dbservice-operator superuser";
-const SUPERUSER_END: &str = "# END dbservice-operator superuser";
 
 /// Writes the TLS block into the data directory's pg_hba.conf (before every start: a clone or
 /// a rewind copies the source's file, and a database made before TLS has none).
 pub fn write_transport_rule(config: &InstanceConfig) -> std::io::Result<()> {
-    let path = config.pgdata.join("pg_hba.conf");
-    let hba = match std::fs::read_to_string(&path) {
-        Ok(hba) => hba,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(error),
-    };
-    let wanted = with_transport_rule(&hba, config.tls.is_some());
-    if wanted == hba {
-        return Ok(());
-    }
-    let temporary = path.with_extension("conf.dbservice-tls.tmp");
-    std::fs::write(&temporary, wanted)?;
-    std::fs::set_permissions(&temporary, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    config.chown(&[&temporary]);
-    std::fs::rename(&temporary, &path)
+    crate::instance::hba::rewrite(config, |hba| with_transport_rule(hba, config.tls.is_some()))
 }
 
 /// Notices when the certificate files change (the kubelet swaps a renewed Secret in atomically).
@@ -154,7 +130,7 @@ mod tests {
     fn the_superuser_and_tls_rewrites_leave_each_other_alone() {
         let superuser_first = crate::instance::roles::with_superuser_rule(HBA, "postgres", false);
         let both = with_transport_rule(&superuser_first, true);
-        assert!(both.starts_with(SUPERUSER_BEGIN), "{both}");
+        assert!(both.starts_with(crate::instance::roles::HBA_BEGIN), "{both}");
         assert_eq!(crate::instance::roles::with_superuser_rule(&both, "postgres", false), both);
         assert_eq!(with_transport_rule(&both, true), both);
     }

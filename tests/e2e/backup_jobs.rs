@@ -5,10 +5,7 @@
 //! entries are written, history limits delete old backups with their Jobs, and
 //! `spec.backup.schedule` creates backup objects at the cron times.
 
-use crate::support::operator::{
-    free_port, log_directory, service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE,
-    ISOLATION_LABEL,
-};
+use crate::support::operator::{shared, OperatorProcess, ISOLATION_LABEL};
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, eventually, kubectl, TestNamespace};
 use dbservice_operator::api::database_service::DatabaseService;
 use dbservice_operator::api::database_service_backup::{BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec};
@@ -24,18 +21,7 @@ use std::time::Duration;
 const INSTANCE_IMAGE: &str = "localhost/dbservice-operator:kwok";
 
 fn isolated_operator(namespace: &str) -> OperatorProcess {
-    crate::support::leader::grant_lease_rights(namespace);
-    let work = log_directory().join(format!("backup-jobs-{}", std::process::id()));
-    let options = OperatorOptions {
-        identity: format!("backup-jobs-{}", std::process::id()),
-        lease_namespace: namespace.into(),
-        lease_duration_seconds: 15,
-        watch_namespace: namespace.into(),
-        selector: format!("{ISOLATION_LABEL}={namespace}"),
-        lease_name: CHART_LEASE.into(),
-        extra_arguments: vec![],
-    };
-    OperatorProcess::start(&options, &service_account_kubeconfig(&work), &shared().certificates, free_port())
+    crate::support::operator::isolated_operator(namespace, "backup-jobs", vec![])
 }
 
 fn database(name: &str, namespace: &str, schedule: Option<&str>) -> DatabaseService {

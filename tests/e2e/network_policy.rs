@@ -2,9 +2,7 @@
 //! `--database-network-policies`, letting in the database's own pods and the selected clients.
 
 use crate::controller::wait_for_phase;
-use crate::support::operator::{
-    service_account_kubeconfig, shared, OperatorOptions, OperatorProcess, CHART_LEASE, ISOLATION_LABEL,
-};
+use crate::support::operator::{isolated_operator, ISOLATION_LABEL};
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -19,27 +17,11 @@ async fn an_operator_asked_for_network_policies_lets_in_only_siblings_and_select
     else {
         return;
     };
-    let environment = shared();
     let client = client_for(&kubeconfig).await;
     let namespace = TestNamespace::create(&client, "netpol").await;
     let ns = namespace.name.clone();
-    let work = crate::support::operator::log_directory().join(format!("netpol-{}", std::process::id()));
-    crate::support::leader::grant_lease_rights(&ns);
-    let options = OperatorOptions {
-        identity: format!("netpol-{}", std::process::id()),
-        lease_namespace: ns.clone(),
-        lease_duration_seconds: 15,
-        watch_namespace: ns.clone(),
-        selector: format!("{ISOLATION_LABEL}={ns}"),
-        lease_name: CHART_LEASE.into(),
-        extra_arguments: vec!["--database-network-policies".into(), "--database-client-selector=tier=api".into()],
-    };
-    let operator = OperatorProcess::start(
-        &options,
-        &service_account_kubeconfig(&work),
-        &environment.certificates,
-        crate::support::operator::free_port(),
-    );
+    let arguments = vec!["--database-network-policies".into(), "--database-client-selector=tier=api".into()];
+    let operator = isolated_operator(&ns, "netpol", arguments);
     let api: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
     let mut database = sample_database("guarded");
     database.metadata.labels = Some([(ISOLATION_LABEL.to_string(), ns.clone())].into());

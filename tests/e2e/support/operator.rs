@@ -77,6 +77,23 @@ pub struct OperatorOptions {
     pub extra_arguments: Vec<String>,
 }
 
+/// Starts an operator of its own for `namespace` (its Lease there, only DatabaseServices labelled
+/// with the isolation label), named after `purpose`, with `extra_arguments`.
+pub fn isolated_operator(namespace: &str, purpose: &str, extra_arguments: Vec<String>) -> OperatorProcess {
+    crate::support::leader::grant_lease_rights(namespace);
+    let work = log_directory().join(format!("{purpose}-{}", std::process::id()));
+    let options = OperatorOptions {
+        identity: format!("{purpose}-{}", std::process::id()),
+        lease_namespace: namespace.into(),
+        lease_duration_seconds: 15,
+        watch_namespace: namespace.into(),
+        selector: format!("{ISOLATION_LABEL}={namespace}"),
+        lease_name: CHART_LEASE.into(),
+        extra_arguments,
+    };
+    OperatorProcess::start(&options, &service_account_kubeconfig(&work), &shared().certificates, free_port())
+}
+
 /// A running operator process.
 pub struct OperatorProcess {
     child: Child,
