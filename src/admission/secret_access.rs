@@ -4,7 +4,8 @@
 //! pods, which send signed requests to the endpoint the spec names. So every Secret a CREATE names,
 //! and every Secret an UPDATE newly names, must be readable by the requesting user: the webhook asks
 //! the apiserver with a SubjectAccessReview carrying the request's user info, before any Secret is
-//! read or any store contacted, and denies otherwise.
+//! read or any store contacted, and denies otherwise. The same holds for the server certificate
+//! Secret (`spec.tls.serverCertificateSecret`): the pods mount it.
 
 use crate::admission::field_error::{FieldError, FieldErrorKind};
 use crate::admission::review::UserInfo;
@@ -45,6 +46,10 @@ pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     }
     if let Some(recovery) = spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.recovery.as_ref()) {
         store_references(&recovery.source, "spec.bootstrap.recovery.source", &mut references);
+    }
+    // The pods mount it, so whoever runs the database's image could read its key.
+    if let Some(secret) = spec.user_server_certificate() {
+        references.push(SecretReference { field: "spec.tls.serverCertificateSecret".into(), name: secret.into() });
     }
     references
 }
@@ -171,13 +176,15 @@ mod tests {
 
     #[test]
     fn every_secret_the_spec_names_is_found_with_its_field() {
-        let spec = spec(Some(store("own", Some("own-ca"))), Some(store("source", None)));
+        let mut spec = spec(Some(store("own", Some("own-ca"))), Some(store("source", None)));
+        spec.tls = Some(crate::api::database_service::TlsSpec { server_certificate_secret: Some("cert".into()) });
         assert_eq!(
             names(&referenced_secrets(&spec)),
             [
                 ("spec.backup.objectStore.credentialsSecret.name", "own"),
                 ("spec.backup.objectStore.caSecret.name", "own-ca"),
                 ("spec.bootstrap.recovery.source.credentialsSecret.name", "source"),
+                ("spec.tls.serverCertificateSecret", "cert"),
             ]
         );
         assert!(referenced_secrets(&DatabaseServiceSpec::default()).is_empty());

@@ -232,6 +232,20 @@ async fn a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted
     // The review answered synchronously: any request to the endpoint was made before it.
     assert!(requests.lock().unwrap().is_empty(), "the store was contacted: {:?}", requests.lock().unwrap());
 
+    // A server certificate Secret is mounted by the pods (whose image the author chooses): the
+    // same rule applies to it.
+    let mounting = database_from_yaml(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: mounting\nspec:\n  version: \"16\"\n  \
+         storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  tls:\n    serverCertificateSecret: s3\n",
+    );
+    let message = rejection_message(authors.create(&PostParams::default(), &mounting).await.unwrap_err());
+    assert!(
+        message.contains(&format!(
+            "spec.tls.serverCertificateSecret: Forbidden: User \"{author}\" may not read Secret \"s3\""
+        )),
+        "{message}"
+    );
+
     // The same object by someone who may read the Secret is admitted, and the webhook does read the
     // store: the listener sees the signed request (it would have seen an exfiltration).
     let databases: Api<DatabaseService> = Api::namespaced(admin.clone(), ns);
