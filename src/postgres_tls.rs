@@ -122,13 +122,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for Verif
     }
 }
 
-/// Connects with `config`: verify-full TLS when `authority` names a CA file, else plain
-/// (a local server without TLS, as in the loopback tests). The connection is driven by a task.
+/// Connects with `config`: verify-full TLS when `authority` names a CA file and the host is on
+/// the network, else plain (a unix socket; a local server without TLS, as in the loopback tests).
+/// The connection is driven by a task.
 pub async fn connect(
     config: &tokio_postgres::Config,
     authority: Option<&Path>,
 ) -> Result<tokio_postgres::Client, ConnectError> {
-    match authority {
+    let over_network = config.get_hosts().iter().any(|host| matches!(host, tokio_postgres::config::Host::Tcp(_)));
+    match authority.filter(|_| over_network) {
         Some(authority) => {
             let mut config = config.clone();
             config.ssl_mode(tokio_postgres::config::SslMode::Require);

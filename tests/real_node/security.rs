@@ -3,8 +3,7 @@
 //! unless `spec.enableSuperuserAccess` allows it, and no password is in the server's environment.
 
 use crate::environment::{
-    admin_client, install_chart, psql, psql_in_instance, real_database, real_namespace, real_node_or_skip,
-    wait_running, Target,
+    admin_client, install_chart, psql, real_database, real_namespace, real_node_or_skip, wait_running, Target,
 };
 use crate::support::eventually;
 use dbservice_operator::api::database_service::DatabaseService;
@@ -57,11 +56,23 @@ async fn the_application_cannot_act_as_superuser_and_the_superuser_logs_in_only_
         assert!(log.contains("permission denied") || log.contains("must be superuser"), "{attack}: {log}");
     }
 
-    // No password is in PostgreSQL's environment (they reach the pod as files): even a superuser
-    // session reading it finds none of them.
-    let environment =
-        psql_in_instance(&namespace.name, "pg-0", "select encode(pg_read_binary_file('/proc/self/environ'), 'escape')");
-    assert!(environment.contains("PGDATA="), "the backend's environment was read: {environment}");
+    // No password is in the environment of any process of the container (they reach the pod as
+    // files): the agent, the watchdog, the postmaster and its children, read as their own user.
+    // (A backend's own /proc/self/environ, what a superuser session could read, shows its process
+    // title over it.)
+    let environment = crate::support::kubectl(&[
+        "-n",
+        &namespace.name,
+        "exec",
+        "pg-0",
+        "-c",
+        "postgres",
+        "--",
+        "sh",
+        "-c",
+        "for process in /proc/[0-9]*; do tr '\\0' '\\n' < $process/environ 2>/dev/null; done",
+    ]);
+    assert!(environment.matches("PGDATA=").count() >= 3, "the processes' environments were read: {environment}");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace.name);
     for (secret, key) in [("pg-credentials", "password"), ("pg-replication", "password"), ("pg-superuser", "password")]
     {

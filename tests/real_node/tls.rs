@@ -113,13 +113,13 @@ async fn every_connection_is_tls_verified_by_the_published_ca_and_a_new_ca_needs
         dbservice_operator::certificates::generate_ca_named("someone else's CA", time::Duration::days(1)).unwrap();
     let log = client_script(&client, node, ns, "tls-checks", CHECKS, &[("OTHER_CA", &other_ca)]).await;
     let plain = check(&log, "plain");
-    assert!(plain.contains("no pg_hba.conf entry") && plain.contains("no encryption"), "plain text: {plain}");
+    assert!(plain.contains("pg_hba.conf rejects connection") && plain.contains("no encryption"), "plain text: {plain}");
     assert_eq!(check(&log, "verified").trim(), "t", "verify-full with the published CA, over TLS:\n{log}");
     let other = check(&log, "other-ca");
     assert!(other.contains("certificate verify failed"), "another CA: {other}");
     let replication_plain = check(&log, "replication-plain");
     assert!(
-        replication_plain.contains("no pg_hba.conf entry") && replication_plain.contains("no encryption"),
+        replication_plain.contains("pg_hba.conf rejects") && replication_plain.contains("no encryption"),
         "replication in plain text: {replication_plain}"
     );
     let replication_tls = check(&log, "replication-tls");
