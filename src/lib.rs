@@ -23,6 +23,7 @@ pub mod lease;
 pub mod lsn;
 pub mod metrics;
 pub mod operator;
+pub mod passfile;
 pub mod postgres_tls;
 pub mod quantity;
 pub mod run;

@@ -84,12 +84,13 @@ fn the_job_runs_our_binary_in_the_database_image_against_the_standby_service() {
     assert_eq!(value(backup, "DBSERVICE_BACKUP_SERVER_NAME"), "orders");
     assert_eq!(value(backup, "DBSERVICE_S3_CA_FILE"), "/dbservice/s3-ca/ca.crt");
     assert_eq!(secret_reference(backup, "PGUSER"), ("orders-replication".into(), "username".into()));
-    assert_eq!(secret_reference(backup, "PGPASSWORD"), ("orders-replication".into(), "password".into()));
+    assert_eq!(value(backup, "DBSERVICE_BACKUP_PASSWORD_FILE"), "/dbservice/replication/password");
     // pg_switch_wal() as the replication role too: the application's password is not the Job's.
     let names: Vec<&str> = backup.env.as_ref().unwrap().iter().map(|variable| variable.name.as_str()).collect();
     assert!(!names.contains(&"DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD"), "{names:?}");
     assert_eq!(value(backup, "DBSERVICE_S3_SECRET_ACCESS_KEY_FILE"), "/dbservice/s3-credentials/secretAccessKey");
     assert!(!names.contains(&"AWS_SECRET_ACCESS_KEY"), "the store's keys are files: {names:?}");
+    assert!(!names.contains(&"PGPASSWORD"), "the replication password is a file: {names:?}");
     // The server verified over TLS by the database's CA.
     assert_eq!(value(backup, "PGSSLMODE"), "verify-full");
     assert_eq!(value(backup, "PGSSLROOTCERT"), "/dbservice/database-ca/ca.crt");

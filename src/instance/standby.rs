@@ -40,7 +40,7 @@ fn conninfo_value(value: &str) -> String {
 }
 
 /// Conninfo to stream from (or rewind from) `upstream`, with the password when `with_password`
-/// (the configuration file needs it; tools get it through PGPASSWORD instead of argv).
+/// (the configuration file needs it; tools get it through a password file instead of argv).
 pub fn conninfo(config: &InstanceConfig, upstream: &Upstream, with_password: bool) -> String {
     let mut parts = vec![
         format!("host={}", conninfo_value(&upstream.host)),
@@ -168,10 +168,15 @@ async fn run_tool_output(
     args: &[String],
     limit: Duration,
 ) -> Result<std::process::Output, StandbyError> {
+    // The password as a file the tool alone reads, never in its environment.
+    let password_file =
+        crate::passfile::PasswordFile::new(&config.replication_user, &config.replication_password, config.os_user)
+            .map_err(|error| StandbyError::Tool { tool, detail: format!("password file: {error}") })?;
     let mut command = Command::new(config.pg_bin.join(tool));
     command
         .args(args)
-        .env("PGPASSWORD", &config.replication_password)
+        .env_remove("PGPASSWORD")
+        .env("PGPASSFILE", password_file.path())
         .env("PGCONNECT_TIMEOUT", "5")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -82,7 +82,17 @@ struct SourceFacts {
 }
 
 async fn connect(args: &BaseBackupArgs, host: &str) -> Result<tokio_postgres::Client, BaseBackupError> {
-    connect_as(args, host, &args.user, std::env::var("PGPASSWORD").ok()).await
+    connect_as(args, host, &args.user, password(args)?).await
+}
+
+/// --user's password: --password-file's (without a trailing newline), else PGPASSWORD's.
+fn password(args: &BaseBackupArgs) -> Result<Option<String>, BaseBackupError> {
+    match &args.password_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map(|text| Some(text.trim_end_matches(['\n', '\r']).to_string()))
+            .map_err(|error| BaseBackupError::BaseBackup(format!("read {}: {error}", path.display()))),
+        None => Ok(std::env::var("PGPASSWORD").ok()),
+    }
 }
 
 async fn connect_as(
@@ -262,7 +272,19 @@ fn pg_basebackup_path(args: &BaseBackupArgs) -> std::path::PathBuf {
 
 /// Runs pg_basebackup and streams its output to the store (blocking: run it off the runtime).
 fn run_pg_basebackup(args: &BaseBackupArgs, uploader: &mut ChunkUploader<'_>) -> Result<Streamed, BaseBackupError> {
-    let mut child = Command::new(pg_basebackup_path(args))
+    let mut command = Command::new(pg_basebackup_path(args));
+    // The password as a file pg_basebackup alone reads, not in its environment.
+    let password_file = match password(args)? {
+        Some(password) => Some(
+            crate::passfile::PasswordFile::new(&args.user, &password, None)
+                .map_err(|error| BaseBackupError::BaseBackup(format!("password file: {error}")))?,
+        ),
+        None => None,
+    };
+    if let Some(file) = &password_file {
+        command.env_remove("PGPASSWORD").env("PGPASSFILE", file.path());
+    }
+    let mut child = command
         .args(["-h", &args.host, "-p", &args.port.to_string(), "-U", &args.user])
         .args(["-D", "-", "-F", "t", "-X", "none", "-c", "fast", "-w", "-l"])
         .arg(format!("dbservice {}", uploader.backup_id))
@@ -303,8 +325,10 @@ async fn switch_wal(args: &BaseBackupArgs, facts: &SourceFacts) -> Result<(), Ba
     };
     let client = match &args.switch_wal_user {
         Some(user) => {
-            let password =
-                std::env::var("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD").ok().or_else(|| std::env::var("PGPASSWORD").ok());
+            let password = match std::env::var("DBSERVICE_BACKUP_SWITCH_WAL_PASSWORD").ok() {
+                Some(password) => Some(password),
+                None => password(args)?,
+            };
             connect_as(args, &host, user, password).await?
         }
         None => connect(args, &host).await?,

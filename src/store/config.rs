@@ -191,7 +191,8 @@ pub struct WalRestoreArgs {
 /// Flags of `backup`: one base backup of a running server.
 #[derive(Debug, Args, Clone)]
 pub struct BaseBackupArgs {
-    /// Server to back up (a standby by preference); PGPASSWORD is used when set.
+    /// Server to back up (a standby by preference); the password is --password-file's, else
+    /// PGPASSWORD's.
     #[arg(long, env = "PGHOST", default_value = "127.0.0.1")]
     pub host: String,
     /// Its port.
@@ -200,6 +201,10 @@ pub struct BaseBackupArgs {
     /// Role with the REPLICATION attribute.
     #[arg(long, env = "PGUSER", default_value = "postgres")]
     pub user: String,
+    /// File holding --user's password (a mounted Secret key; pg_basebackup gets it as a password
+    /// file of its own, never in its environment).
+    #[arg(long, env = "DBSERVICE_BACKUP_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
     /// CA file: connect with TLS and verify the server by it for its host name (libpq's
     /// variable, which pg_basebackup reads too, with PGSSLMODE=verify-full). Unset: no TLS.
     #[arg(long, env = "PGSSLROOTCERT")]

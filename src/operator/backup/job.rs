@@ -7,7 +7,7 @@ use crate::api::database_service::DatabaseService;
 use crate::api::database_service_backup::{BackupTarget, DatabaseServiceBackup};
 use crate::api::names::{ChildNames, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::api::pod::AGENT_DIRECTORY;
-use crate::api::pod::{AGENT_VOLUME, POSTGRES_PORT};
+use crate::api::pod::{AGENT_VOLUME, POSTGRES_PORT, REPLICATION_DIRECTORY};
 use crate::operator::database::build::archiving::add_archiving;
 use crate::operator::database::build::container::agent_init_container;
 use crate::operator::database::build::volumes::{agent_mount, server_certificate_secret};
@@ -83,6 +83,9 @@ pub fn job_labels(database_name: &str) -> BTreeMap<String, String> {
     .into()
 }
 
+/// Volume of the replication role's password in a backup Job.
+const REPLICATION_VOLUME: &str = "replication";
+
 /// Volume and directory of the database CA in a backup Job.
 const DATABASE_CA_VOLUME: &str = "database-ca";
 const DATABASE_CA_DIRECTORY: &str = "/dbservice/database-ca";
@@ -145,7 +148,7 @@ fn backup_environment(
         plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
         plain_env("PGPORT", POSTGRES_PORT.to_string()),
         secret_env("PGUSER", &replication, "username"),
-        secret_env("PGPASSWORD", &replication, "password"),
+        plain_env("DBSERVICE_BACKUP_PASSWORD_FILE", format!("{REPLICATION_DIRECTORY}/password")),
         // pg_switch_wal() on the primary completes the backup's last segment at once; the
         // replication role is granted it (the application's role is no superuser and needs no
         // part in backups).
@@ -175,6 +178,12 @@ fn backup_container(database: &DatabaseService, environment: Vec<EnvVar>) -> Con
         volume_mounts: Some(vec![
             VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
             VolumeMount { read_only: Some(true), ..agent_mount() },
+            VolumeMount {
+                name: REPLICATION_VOLUME.into(),
+                mount_path: REPLICATION_DIRECTORY.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
             VolumeMount {
                 name: DATABASE_CA_VOLUME.into(),
                 mount_path: DATABASE_CA_DIRECTORY.into(),
@@ -208,6 +217,21 @@ fn backup_pod(database: &DatabaseService, container: Container, instance_image: 
         volumes: Some(vec![
             Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
             Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
+            // The replication role's password as a file (the pod's group reads it).
+            Volume {
+                name: REPLICATION_VOLUME.into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(ChildNames::replication(&database.name_any())),
+                    items: Some(vec![KeyToPath {
+                        key: "password".into(),
+                        path: "password".into(),
+                        ..Default::default()
+                    }]),
+                    default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
             // Only the CA of the server certificate (public): the copy verifies the server by it.
             Volume {
                 name: DATABASE_CA_VOLUME.into(),
