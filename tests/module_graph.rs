@@ -10,7 +10,7 @@ use std::path::Path;
 /// The layers, lowest first. A new top-level module must be placed here.
 const LAYERS: &[&[&str]] = &[
     &["quantity", "lsn", "schedule", "lease", "certificates"],
-    &["metrics", "client"],
+    &["metrics", "client", "postgres_tls", "passfile"],
     &["api"],
     &["store"],
     &["admission"],
