@@ -237,7 +237,10 @@ pub fn check_recovery_against_store(
         Err(error) => return vec![error],
     };
     if let RecoveryTarget::Time(time) = target {
-        if let Some(last) = window.last_archived_wal_time.filter(|last| time > *last) {
+        // The store's times have whole seconds (S3's LastModified): a target within the second
+        // of the last archived WAL may be covered by it, and only a certain miss is refused.
+        let certainly_after = |last: &chrono::DateTime<chrono::Utc>| time >= *last + chrono::Duration::seconds(1);
+        if let Some(last) = window.last_archived_wal_time.filter(certainly_after) {
             errors.push(invalid(
                 "spec.bootstrap.recovery.target.time",
                 time.to_rfc3339(),

@@ -237,6 +237,16 @@ mod tests {
     }
 
     #[test]
+    fn a_target_within_the_second_of_the_last_archived_wal_passes() {
+        // The store's times have whole seconds: the WAL archived at 30:00.9 shows 30:00.
+        let end = contents(false).backups[0].end_time;
+        let within = (end + chrono::Duration::minutes(30) + chrono::Duration::milliseconds(900)).to_rfc3339();
+        assert_eq!(verdict(&recovering(&within), Ok(contents(false))), StoreVerdict::Allow);
+        let after = (end + chrono::Duration::minutes(30) + chrono::Duration::seconds(1)).to_rfc3339();
+        assert!(matches!(verdict(&recovering(&after), Ok(contents(false))), StoreVerdict::Deny(_)));
+    }
+
+    #[test]
     fn targets_inside_the_window_pass_and_outside_are_denied() {
         assert_eq!(verdict(&recovering(&at(10)), Ok(contents(false))), StoreVerdict::Allow);
         let StoreVerdict::Deny(errors) = verdict(&recovering(&at(40)), Ok(contents(false))) else {

@@ -31,7 +31,7 @@ echo "replication-tls: $(PGSSLMODE=verify-full PGUSER=replicator PGPASSWORD="$RE
 const ROTATED: &str = r#"
 printf '%s\n' "$NEW_CA" >/tmp/new.crt
 printf '%s\n' "$OLD_CA" >/tmp/old.crt
-for attempt in $(seq 1 120); do
+for ((attempt = 1; attempt <= 120; attempt++)); do
   if PGSSLROOTCERT=/tmp/new.crt psql "$DATABASE_URI" -X -Atc 'select 1' >/dev/null 2>&1; then
     echo "rotated: after $attempt attempts"
     echo "old-ca: $(PGSSLROOTCERT=/tmp/old.crt psql "$DATABASE_URI" -X -Atc 'select 1' 2>&1 | tr '\n' ' ')"
