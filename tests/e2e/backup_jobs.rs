@@ -84,10 +84,12 @@ async fn backup_objects_run_as_jobs_one_at_a_time_with_status_events_ledger_and_
     };
     assert_eq!(value("PGHOST").as_deref(), Some(format!("orders-replicas.{ns}.svc").as_str()));
     assert_eq!(value("DBSERVICE_BACKUP_RETENTION").as_deref(), Some("7d"));
+    // Passwords only as files: no variable carries one (those ending in _FILE name the file).
     assert!(environment
         .iter()
-        .filter(|variable| variable.name.contains("PASSWORD"))
+        .filter(|variable| variable.name.contains("PASSWORD") && !variable.name.ends_with("_FILE"))
         .all(|variable| variable.value.is_none()));
+    assert_eq!(value("DBSERVICE_BACKUP_PASSWORD_FILE").as_deref(), Some("/dbservice/replication/password"));
 
     // One Job per database at a time: the second backup's Job is created only after the
     // first Job finished.
