@@ -10,7 +10,9 @@ use crate::api::pod::AGENT_DIRECTORY;
 use crate::api::pod::{AGENT_VOLUME, POSTGRES_PORT, REPLICATION_DIRECTORY};
 use crate::operator::database::build::archiving::add_archiving;
 use crate::operator::database::build::container::agent_init_container;
-use crate::operator::database::build::volumes::{agent_mount, server_certificate_secret};
+use crate::operator::database::build::volumes::{
+    agent_mount, read_only_mount, secret_files, server_certificate_secret,
+};
 use crate::operator::database::build::{plain_env, restricted_security_context, secret_env};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::EnvVar;
@@ -178,18 +180,8 @@ fn backup_container(database: &DatabaseService, environment: Vec<EnvVar>) -> Con
         volume_mounts: Some(vec![
             VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
             VolumeMount { read_only: Some(true), ..agent_mount() },
-            VolumeMount {
-                name: REPLICATION_VOLUME.into(),
-                mount_path: REPLICATION_DIRECTORY.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: DATABASE_CA_VOLUME.into(),
-                mount_path: DATABASE_CA_DIRECTORY.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
+            read_only_mount(REPLICATION_VOLUME, REPLICATION_DIRECTORY),
+            read_only_mount(DATABASE_CA_VOLUME, DATABASE_CA_DIRECTORY),
         ]),
         security_context: Some(restricted_security_context()),
         ..Default::default()
@@ -218,20 +210,7 @@ fn backup_pod(database: &DatabaseService, container: Container, instance_image: 
             Volume { name: "tmp".into(), empty_dir: Some(Default::default()), ..Default::default() },
             Volume { name: AGENT_VOLUME.into(), empty_dir: Some(Default::default()), ..Default::default() },
             // The replication role's password as a file (the pod's group reads it).
-            Volume {
-                name: REPLICATION_VOLUME.into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(ChildNames::replication(&database.name_any())),
-                    items: Some(vec![KeyToPath {
-                        key: "password".into(),
-                        path: "password".into(),
-                        ..Default::default()
-                    }]),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
+            secret_files(REPLICATION_VOLUME, &ChildNames::replication(&database.name_any()), &["password"]),
             // Only the CA of the server certificate (public): the copy verifies the server by it.
             Volume {
                 name: DATABASE_CA_VOLUME.into(),

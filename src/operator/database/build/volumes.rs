@@ -34,30 +34,10 @@ pub fn postgres_mounts(with_agent: bool) -> Vec<VolumeMount> {
         },
         VolumeMount { name: "run".into(), mount_path: "/var/run/postgresql".into(), ..Default::default() },
         VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() },
-        VolumeMount {
-            name: CREDENTIALS_VOLUME.into(),
-            mount_path: CREDENTIALS_DIRECTORY.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: SUPERUSER_VOLUME.into(),
-            mount_path: SUPERUSER_DIRECTORY.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: REPLICATION_VOLUME.into(),
-            mount_path: REPLICATION_DIRECTORY.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: TLS_VOLUME.into(),
-            mount_path: TLS_DIRECTORY.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
+        read_only_mount(CREDENTIALS_VOLUME, CREDENTIALS_DIRECTORY),
+        read_only_mount(SUPERUSER_VOLUME, SUPERUSER_DIRECTORY),
+        read_only_mount(REPLICATION_VOLUME, REPLICATION_DIRECTORY),
+        read_only_mount(TLS_VOLUME, TLS_DIRECTORY),
     ];
     if with_agent {
         mounts.push(VolumeMount { read_only: Some(true), ..agent_mount() });
@@ -84,9 +64,14 @@ pub fn server_certificate_secret(database: &DatabaseService) -> String {
         .map_or_else(|| ChildNames::server_certificate(&database.name_any()), String::from)
 }
 
+/// A read-only mount of `volume` at `path`.
+pub fn read_only_mount(volume: &str, path: &str) -> VolumeMount {
+    VolumeMount { name: volume.into(), mount_path: path.into(), read_only: Some(true), ..Default::default() }
+}
+
 /// Only the `keys` of Secret `secret`, as files readable by their owner (root) and the pod's
 /// group (the postgres user's, through fsGroup), nobody else.
-fn secret_files(volume: &str, secret: &str, keys: &[&str]) -> Volume {
+pub fn secret_files(volume: &str, secret: &str, keys: &[&str]) -> Volume {
     Volume {
         name: volume.into(),
         secret: Some(SecretVolumeSource {
