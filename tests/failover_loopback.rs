@@ -226,13 +226,18 @@ async fn a_stall_shorter_than_the_unresponsive_window_starts_no_failover() {
     cluster.start_writer();
     writes_for(&cluster, Duration::from_millis(500), 5).await;
     let port = cluster.port("db-0");
-    // The fault: the whole server stalls for 1.5 s (several failed health queries; the loopback
-    // agents' window is 2 s, as production's 5 s is to a 2-second I/O stall).
+    // The fault: the whole server stalls for 1.2 s, so that at least one health query fails
+    // (started at most one 200 ms tick into the stall, it times out after 1 s; one failure started a
+    // failover before issue 21). The loopback agents' window is 2 s and their renew deadline 3 s,
+    // as production's 5 s is to a 2-second I/O stall. A stall of 1.5 s left too little margin on a
+    // loaded machine (CI runs these clusters 16 at a time on 2 cores): the resumed server answered
+    // so late that the primary missed its renew deadline and was failed over.
+    let stall = Duration::from_millis(1200);
     let stalled = Instant::now();
     signal_postgres(&cluster.pgdata("db-0"), libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(stall).await;
     signal_postgres(&cluster.pgdata("db-0"), libc::SIGCONT);
-    first_commit_after(&cluster, stalled + Duration::from_millis(1500), port, "a commit after the stall").await;
+    first_commit_after(&cluster, stalled + stall, port, "a commit after the stall").await;
     // Long enough for a failover the stall would have started to show: lease expiry and a promotion.
     let resumed = Instant::now();
     writes_for(&cluster, cluster.timings.duration, 20).await;
@@ -246,7 +251,7 @@ async fn a_stall_shorter_than_the_unresponsive_window_starts_no_failover() {
             .map(|(_, action)| format!("{action:?}"))
             .collect()
     };
-    assert!(failovers.is_empty(), "a 1.5 s stall started a failover: {failovers:?}");
+    assert!(failovers.is_empty(), "a {stall:?} stall started a failover: {failovers:?}");
     assert!(postmaster_alive(&cluster.pgdata("db-0")), "the stalled primary was killed");
     let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, port).await;
     assert!(lost.is_empty(), "{} of {} acknowledged commits lost", lost.len(), acknowledged.len());
