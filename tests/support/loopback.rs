@@ -304,6 +304,44 @@ pub struct Cluster {
     writer: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     pub acks: Acks,
     _dir: tempfile::TempDir,
+    /// Released last, once the servers are gone.
+    _slot: ClusterSlot,
+}
+
+/// At most this many loopback clusters run at once in one test binary. Each is two or three
+/// PostgreSQL servers with 200 ms agents and a 3 s renew deadline; 16 of them on 2 cores (CI)
+/// starve each other into missed deadlines that are no fault of the code under test (seen twice:
+/// a stall test failed over, a hung primary was not yet restarted).
+const CONCURRENT_CLUSTERS: usize = 4;
+
+static RUNNING_CLUSTERS: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// One of the [`CONCURRENT_CLUSTERS`] places; given back when dropped (a failed test too).
+struct ClusterSlot;
+
+impl ClusterSlot {
+    async fn acquire() -> Self {
+        tokio::task::spawn_blocking(|| {
+            let (running, freed) = &RUNNING_CLUSTERS;
+            let mut count = running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            while *count >= CONCURRENT_CLUSTERS {
+                count = freed.wait(count).unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+            *count += 1;
+        })
+        .await
+        .expect("waiting for a cluster slot");
+        ClusterSlot
+    }
+}
+
+impl Drop for ClusterSlot {
+    fn drop(&mut self) {
+        let (running, freed) = &RUNNING_CLUSTERS;
+        *running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) -= 1;
+        freed.notify_one();
+    }
 }
 
 impl Cluster {
@@ -336,6 +374,7 @@ impl Cluster {
         server_settings: &[(&str, &str)],
         adjust: impl Fn(&mut InstanceConfig),
     ) -> Cluster {
+        let slot = ClusterSlot::acquire().await;
         // The agents' logs go to the test output (shown for failing tests, or with --nocapture).
         let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("dbservice_operator=info").try_init();
         let owner = os_user();
@@ -419,6 +458,7 @@ impl Cluster {
             writer: None,
             acks: Arc::default(),
             _dir: dir,
+            _slot: slot,
         };
         for name in names {
             cluster.start_agent(name);
