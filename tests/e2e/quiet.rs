@@ -43,6 +43,25 @@ fn controller_reads(operator: &OperatorProcess) -> f64 {
         .sum()
 }
 
+/// The namespace's pods as name=uid (a replaced pod has a new uid).
+fn pod_identities(namespace: &str) -> String {
+    kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-o",
+        "custom-columns=NAME:.metadata.name,UID:.metadata.uid",
+        "--no-headers",
+    ])
+}
+
+/// Pods the operator deleted.
+fn pod_deletions(operator: &OperatorProcess) -> f64 {
+    let metrics = operator.metrics().unwrap_or_default();
+    metric_sum(&metrics, "dbservice_controller_writes_total", &["kind=\"Pod\"", "verb=\"delete\""])
+}
+
 /// No write and no changed object for this long counts as converged.
 const SETTLE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -147,22 +166,45 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
         "a steady pass sent GET or LIST requests; metrics:\n{}",
         operator.metrics().unwrap_or_default()
     );
-    let versions_after_label = resource_versions(&ns);
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    let mut writes_before = writes_before;
+    let mut versions_start = resource_versions(&ns);
+    let mut writes_after;
+    for attempt in 1..=2 {
+        let pods_before = pod_identities(&ns);
+        let deletions_before = pod_deletions(&operator);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        writes_after = operator.writes();
+        // Pods the cluster replaced (the operator deleted none) break the premise of a converged
+        // database: the minute is measured once more. Any other write fails at once.
+        let replaced = pod_identities(&ns) != pods_before && pod_deletions(&operator) == deletions_before;
+        if attempt == 1 && replaced && writes_after != writes_before {
+            eprintln!(
+                "quiet minute disturbed: the cluster replaced pods ({pods_before} -> {}); measuring again. Write requests:\n{}",
+                pod_identities(&ns),
+                write_requests(&operator)
+            );
+            wait_until_settled(&operator, &ns).await;
+            writes_before = operator.writes();
+            versions_start = resource_versions(&ns);
+            continue;
+        }
+        assert_eq!(
+            writes_after,
+            writes_before,
+            "the operator wrote during a quiet minute; its write requests:\n{}\nlog:\n{}",
+            write_requests(&operator),
+            operator.log_tail()
+        );
+        assert_eq!(
+            resource_versions(&ns),
+            versions_start,
+            "an object changed during a quiet minute (before the label: {versions_before})"
+        );
+        break;
+    }
     let writes_after = operator.writes();
-    assert_eq!(
-        writes_after,
-        writes_before,
-        "the operator wrote during a quiet minute; its write requests:\n{}\nlog:\n{}",
-        write_requests(&operator),
-        operator.log_tail()
-    );
-    assert_eq!(
-        resource_versions(&ns),
-        versions_after_label,
-        "an object changed during a quiet minute (before the label: {versions_before})"
-    );
     eprintln!("quiet minute: {writes_after} controller writes in total, peak RSS {:?} KiB", operator.peak_memory_kib());
+    eprintln!("write requests:\n{}", write_requests(&operator));
     // Deleted while its operator still runs, so the finalizer is released and the namespace goes.
     crate::controller::delete_and_wait_gone(&api, "calm").await;
     drop(operator);
