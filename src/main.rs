@@ -69,13 +69,16 @@ async fn main() {
         Some(Command::WalArchive(args)) => {
             dbservice_operator::store::wal::archive_command(args).await.map_err(Into::into)
         }
-        Some(Command::WalRestore(args)) => match dbservice_operator::store::wal::restore_command(args).await {
-            Err(error) => {
-                eprintln!("error: {error}");
-                std::process::exit(dbservice_operator::store::wal::restore_exit_status(&error));
+        Some(Command::WalRestore(args)) => {
+            let standby = args.standby;
+            match dbservice_operator::store::wal::restore_command(args).await {
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    std::process::exit(dbservice_operator::store::wal::restore_exit_status(&error, standby));
+                }
+                Ok(()) => Ok(()),
             }
-            Ok(()) => Ok(()),
-        },
+        }
         Some(Command::Backup(args)) => dbservice_operator::store::base::backup_command(args).await.map_err(Into::into),
         Some(Command::Restore(args)) => {
             dbservice_operator::store::restore::restore_command(args).await.map_err(Into::into)

@@ -44,6 +44,7 @@ fn instance_config(sandbox: &Sandbox, bin: &Path, pgdata: &Path) -> InstanceConf
         replication_user: "replicator".into(),
         replication_password: "new-replication-password".into(),
         settings: vec![("fsync".into(), "off".into())],
+        standby_restore_command: None,
         log_file: sandbox.base.join("agent.log"),
         os_user: sandbox.owner,
         health_timeout: Duration::from_secs(2),

@@ -23,6 +23,10 @@ pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 pub const AGENT_VOLUME: &str = "dbservice-bin";
 /// Where [`AGENT_VOLUME`] is mounted in the init and postgres containers.
 pub const AGENT_DIRECTORY: &str = "/dbservice/bin";
+
+/// The environment variable of a standby's `restore_command` (the archive's `wal-restore`), set
+/// with archiving by the operator and read by the instance agent.
+pub const STANDBY_RESTORE_COMMAND_VARIABLE: &str = "DBSERVICE_STANDBY_RESTORE_COMMAND";
 /// The init container that copies the agent.
 pub const AGENT_INIT_CONTAINER: &str = "install-dbservice";
 /// Path of the operator binary in the operator image.

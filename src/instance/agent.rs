@@ -7,6 +7,7 @@ use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
 use crate::instance::roles::{write_superuser_rule, RolesKeeper};
+use crate::instance::slots::{self, StandbySlot};
 use crate::instance::standby::{self, StandbyError};
 use crate::instance::tls::CertificateWatch;
 use crate::instance::watchdog::{FenceFile, Watchdog};
@@ -79,6 +80,10 @@ pub struct Agent<C> {
     certificates: CertificateWatch,
     /// The superuser and the application's role, kept once per start of a primary.
     roles: RolesKeeper,
+    /// This standby's replication slot on the primary it follows.
+    slot: StandbySlot,
+    /// When this server last looked for replication slots to drop.
+    slots_checked: Option<Instant>,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -141,6 +146,8 @@ impl<C: ControlPlane> Agent<C> {
             synchronous_applied: None,
             certificates: CertificateWatch::default(),
             roles: RolesKeeper::default(),
+            slot: StandbySlot::default(),
+            slots_checked: None,
         }
     }
 
@@ -249,6 +256,9 @@ impl<C: ControlPlane> Agent<C> {
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
             self.roles.keep(&self.config);
         }
+        if let LocalState::Ready(sample) = &local {
+            self.drop_obsolete_slots(!sample.in_recovery, &desired.instances).await;
+        }
         let me = self.config.name.as_str();
         let target_me = desired.target_primary.as_deref() == Some(me);
         let target_other = desired.target_primary.is_some() && !target_me;
@@ -294,6 +304,7 @@ impl<C: ControlPlane> Agent<C> {
                     }
                 } else if let Some(upstream) = &desired.upstream {
                     self.follow(Some(upstream)).await?;
+                    self.keep_standby_slot(upstream).await;
                 }
             }
             LocalState::NotReady(reason) => {
@@ -539,6 +550,7 @@ impl<C: ControlPlane> Agent<C> {
             tracing::info!(instance = %self.config.name, upstream = ?upstream, "following");
             self.postgres.set_upstream(&conninfo).await?;
             self.upstream_set = Some(conninfo);
+            self.slot.reset();
         }
         Ok(())
     }
@@ -724,6 +736,47 @@ impl<C: ControlPlane> Agent<C> {
         Ok(())
     }
 
+    /// Streams through this standby's own replication slot once it exists on `upstream`.
+    async fn keep_standby_slot(&mut self, upstream: &Upstream) {
+        if !self.slot.created_on(&self.config, upstream) {
+            return;
+        }
+        let slot = slots::slot_name(&self.config.name);
+        match self.postgres.set_slot(&slot).await {
+            Ok(()) => tracing::info!(instance = %self.config.name, %slot, "streaming through a replication slot"),
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not name the replication slot");
+                self.slot.reset();
+            }
+        }
+    }
+
+    /// Drops, now and then, the inactive slots of ours this server should not keep (see
+    /// [`slots::obsolete_slots`]); a primary that does not know the instances keeps every one.
+    async fn drop_obsolete_slots(&mut self, primary: bool, instances: &[String]) {
+        let recently = self.slots_checked.is_some_and(|checked| checked.elapsed() < slots::CLEANUP_INTERVAL);
+        if recently || (primary && instances.is_empty()) {
+            return;
+        }
+        self.slots_checked = Some(Instant::now());
+        let existing = match self.postgres.replication_slots().await {
+            Ok(existing) => existing,
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not list the replication slots");
+                return;
+            }
+        };
+        let keep = slots::wanted_slots(&self.config.name, instances, primary);
+        for slot in slots::obsolete_slots(&existing, &keep) {
+            match self.postgres.drop_slot(&slot).await {
+                Ok(()) => tracing::info!(instance = %self.config.name, %slot, "dropped a replication slot nobody uses"),
+                Err(error) => {
+                    tracing::warn!(instance = %self.config.name, %slot, %error, "could not drop a replication slot")
+                }
+            }
+        }
+    }
+
     /// Keeps the running server's `synchronous_standby_names` as wanted. Every instance keeps it
     /// (a standby ignores it), so that a promoted standby enforces it from its first commit.
     async fn keep_synchronous_standbys(&mut self) -> Result<(), AgentError> {
@@ -769,6 +822,9 @@ impl<C: ControlPlane> Agent<C> {
             self.certificates.loaded(files);
         }
         self.roles.restart();
+        self.slot.reset();
+        // A new role may leave slots to drop (a former primary's, of the standbys it had).
+        self.slots_checked = None;
         // A clone or a rewind copied the source's value, which names this instance.
         self.synchronous_applied = None;
         if let Some(wanted) = self.synchronous_wanted.clone() {

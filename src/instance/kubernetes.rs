@@ -45,15 +45,20 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         fenced: fenced.iter().any(|name| name == me),
         switchover: status.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover),
         synchronous_standby_names: None,
+        instances: Vec::new(),
     }
+}
+
+/// The instances (pods) `database`'s spec asks for.
+pub fn instance_names(database: &DatabaseService) -> Vec<String> {
+    let name = database.metadata.name.clone().unwrap_or_default();
+    (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect()
 }
 
 /// `synchronous_standby_names` for instance `me` of `database` (see
 /// [`crate::api::synchronous::synchronous_standby_names`]): over every instance the spec asks for.
 pub fn synchronous_standby_names_for(database: &DatabaseService, me: &str) -> String {
-    let name = database.metadata.name.clone().unwrap_or_default();
-    let instances: Vec<String> =
-        (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect();
+    let instances = instance_names(database);
     crate::api::synchronous::synchronous_standby_names(
         &instances,
         database.spec.failover_settings().synchronous_standbys,
@@ -172,6 +177,7 @@ impl ControlPlane for KubeControlPlane {
         let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
         let mut desired = desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port);
         desired.synchronous_standby_names = Some(synchronous_standby_names_for(&database, &self.pod));
+        desired.instances = instance_names(&database);
         Ok(desired)
     }
 
@@ -244,7 +250,8 @@ mod tests {
                 upstream: None,
                 fenced: true,
                 switchover: false,
-                synchronous_standby_names: None
+                synchronous_standby_names: None,
+                instances: Vec::new(),
             }
         );
     }

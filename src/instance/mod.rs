@@ -16,6 +16,7 @@ pub mod postgres;
 pub mod recovery;
 pub mod roles;
 pub mod run;
+pub mod slots;
 pub mod standby;
 pub mod tls;
 pub mod watchdog;
@@ -60,6 +61,8 @@ pub struct InstanceConfig {
     pub replication_password: String,
     /// Extra server settings (name, value), written into postgresql.auto.conf before every start.
     pub settings: Vec<(String, String)>,
+    /// A standby's `restore_command` (the archive's `wal-restore`), when the database archives.
+    pub standby_restore_command: Option<String>,
     /// File PostgreSQL's output is appended to.
     pub log_file: PathBuf,
     /// When the agent runs as root (tests): uid and gid to run PostgreSQL and its tools as.
@@ -116,6 +119,9 @@ pub struct Desired {
     /// `synchronous_standby_names` this instance applies should it be primary ('' for asynchronous
     /// replication); None when unknown (the API is unreachable): the current value stays.
     pub synchronous_standby_names: Option<String>,
+    /// Every instance the database should have (empty when unknown): a primary keeps their
+    /// replication slots and drops the others.
+    pub instances: Vec<String>,
 }
 
 /// The API could not be reached or refused.
@@ -159,6 +165,7 @@ pub async fn command(args: InstanceArgs) -> anyhow::Result<()> {
                 replication_user: String::new(),
                 replication_password: String::new(),
                 settings: Vec::new(),
+                standby_restore_command: None,
                 log_file: PathBuf::new(),
                 os_user: None,
                 health_timeout: Duration::from_secs(status.timeout_seconds),

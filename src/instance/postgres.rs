@@ -332,7 +332,44 @@ impl Postgres {
                 .await?
                 .try_get(0)?;
             client.batch_execute(&statement).await?;
+            // The previous upstream's slot is not on this one (see `slots`).
+            client.batch_execute("ALTER SYSTEM SET primary_slot_name = ''").await?;
             client.batch_execute("SELECT pg_reload_conf()").await
+        })
+        .await
+    }
+
+    /// Streams through replication slot `slot` from now on (the WAL receiver restarts with it).
+    pub async fn set_slot(&mut self, slot: &str) -> Result<(), PostgresError> {
+        let slot = slot.to_string();
+        self.bounded(async move |client| {
+            let statement: String = client
+                .query_one("SELECT format('ALTER SYSTEM SET primary_slot_name = %L', $1::text)", &[&slot])
+                .await?
+                .try_get(0)?;
+            client.batch_execute(&statement).await?;
+            client.batch_execute("SELECT pg_reload_conf()").await
+        })
+        .await
+    }
+
+    /// The physical replication slots of this server.
+    pub async fn replication_slots(&mut self) -> Result<Vec<crate::instance::slots::ReplicationSlot>, PostgresError> {
+        let rows = self
+            .bounded(async |client| {
+                client.query("SELECT slot_name::text, active FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical'", &[]).await
+            })
+            .await?;
+        rows.iter()
+            .map(|row| Ok(crate::instance::slots::ReplicationSlot { name: row.try_get(0)?, active: row.try_get(1)? }))
+            .collect()
+    }
+
+    /// Drops replication slot `slot` (fails while a WAL sender uses it).
+    pub async fn drop_slot(&mut self, slot: &str) -> Result<(), PostgresError> {
+        let slot = slot.to_string();
+        self.bounded(async move |client| {
+            client.execute("SELECT pg_catalog.pg_drop_replication_slot($1)", &[&slot]).await.map(drop)
         })
         .await
     }
@@ -433,6 +470,15 @@ pub const DISK_FULL_BYTES: u64 = 32 * 1024 * 1024;
 
 /// Bytes available to unprivileged users on the file system holding `path` (statvfs), if known.
 pub fn free_bytes(path: &Path) -> Option<u64> {
+    statvfs(path).map(|stats| stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+/// Size of the file system holding `path`, if it can be read.
+pub fn volume_bytes(path: &Path) -> Option<u64> {
+    statvfs(path).map(|stats| stats.f_blocks.saturating_mul(stats.f_frsize))
+}
+
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
@@ -440,7 +486,7 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
         return None;
     }
-    Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
+    Some(stats)
 }
 
 #[cfg(test)]
@@ -451,6 +497,7 @@ mod tests {
     fn free_bytes_of_an_existing_directory_and_none_for_a_missing_one() {
         let directory = tempfile::tempdir().unwrap();
         assert!(free_bytes(directory.path()).is_some_and(|free| free > 0));
+        assert!(volume_bytes(directory.path()) >= free_bytes(directory.path()));
         assert_eq!(free_bytes(&directory.path().join("missing")), None);
     }
 }

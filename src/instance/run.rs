@@ -51,7 +51,13 @@ pub fn config(args: &InstanceRunArgs) -> anyhow::Result<InstanceConfig> {
             args.wal_keep_size.clone(),
             std::env::var("DBSERVICE_ARCHIVE_COMMAND").ok(),
             std::env::var("DBSERVICE_ARCHIVE_TIMEOUT_SECONDS").ok(),
-        ),
+        )
+        .into_iter()
+        .chain(slot_bound(&args.pgdata))
+        .collect(),
+        standby_restore_command: std::env::var(crate::api::pod::STANDBY_RESTORE_COMMAND_VARIABLE)
+            .ok()
+            .filter(|command| !command.is_empty()),
         // The container's standard error: kubectl logs shows PostgreSQL and the agent together.
         log_file: PathBuf::from("/proc/self/fd/2"),
         os_user: None,
@@ -90,6 +96,13 @@ fn role_settings() -> anyhow::Result<Option<RoleSettings>> {
         superuser_password: password("POSTGRES_PASSWORD")?,
         superuser_network_access: std::env::var("SUPERUSER_NETWORK_ACCESS").is_ok_and(|value| value == "on"),
     }))
+}
+
+/// `max_slot_wal_keep_size` from the size of the data volume (see [`crate::instance::slots`]).
+fn slot_bound(pgdata: &std::path::Path) -> Option<(String, String)> {
+    let volume = pgdata.parent().unwrap_or(pgdata);
+    let bytes = crate::instance::postgres::volume_bytes(volume)?;
+    Some(("max_slot_wal_keep_size".into(), crate::instance::slots::max_slot_wal_keep_size(bytes)))
 }
 
 /// Server settings the agent writes before every start: replication, and continuous archiving

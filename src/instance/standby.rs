@@ -129,11 +129,16 @@ pub fn write_required_settings(config: &InstanceConfig) -> Result<(), StandbyErr
 }
 
 /// Writes standby.signal and `primary_conninfo` (empty when `upstream` is None), plus the
-/// required settings.
+/// required settings. No slot yet (a clone copied the source's `primary_slot_name`, which is not
+/// this instance's): the agent names it once it exists on the upstream. `restore_command` reads
+/// the archive, when there is one: a standby that fell behind what the primary kept catches up
+/// from there, and a promoted one sees every timeline's history before choosing its own.
 pub fn write_standby_config(config: &InstanceConfig, upstream: Option<&Upstream>) -> Result<(), StandbyError> {
     let value = upstream.map(|upstream| conninfo(config, upstream, true)).unwrap_or_default();
     let mut settings = persistent_settings(config);
     settings.push(("primary_conninfo", value));
+    settings.push(("primary_slot_name", String::new()));
+    settings.push(("restore_command", config.standby_restore_command.clone().unwrap_or_default()));
     set_auto_conf(config, &settings)?;
     let signal = config.pgdata.join("standby.signal");
     std::fs::write(&signal, b"").map_err(files(&signal))?;
@@ -340,6 +345,19 @@ fn as_end_position(insert: Lsn, control: &ControlData) -> Lsn {
     }
 }
 
+/// Creates the physical replication slot `slot` on `upstream` unless it exists (see
+/// [`crate::instance::slots`]), over a replication connection as the replication role.
+pub async fn create_slot_on(config: &InstanceConfig, upstream: &Upstream, slot: &str) -> Result<(), StandbyError> {
+    let args = [
+        "--create-slot".to_string(),
+        "--if-not-exists".to_string(),
+        format!("--slot={slot}"),
+        "--no-password".to_string(),
+        format!("--dbname={}", conninfo(config, upstream, false)),
+    ];
+    run_tool(config, "pg_receivewal", &args, Duration::from_secs(15)).await.map(drop)
+}
+
 /// Rewinds a stopped former primary onto `upstream`'s timeline. Returns pg_rewind's output.
 pub async fn rewind(config: &InstanceConfig, upstream: &Upstream) -> Result<String, StandbyError> {
     write_required_settings(config)?;
@@ -404,6 +422,7 @@ mod tests {
             replication_user: "replicator".into(),
             replication_password: r"it's a \secret".into(),
             settings: vec![("wal_keep_size".into(), "256MB".into())],
+            standby_restore_command: None,
             log_file: PathBuf::new(),
             os_user: None,
             health_timeout: Duration::from_secs(1),
@@ -450,6 +469,28 @@ mod tests {
 
         write_standby_config(&config, None).unwrap();
         assert!(std::fs::read_to_string(&auto).unwrap().contains("primary_conninfo = ''"));
+    }
+
+    #[test]
+    fn a_standby_reads_the_archive_and_names_no_slot_of_its_source() {
+        let directory = tempfile::tempdir().unwrap();
+        let auto = directory.path().join("postgresql.auto.conf");
+        // A clone of a primary that was once a standby: its slot name is not this one's.
+        std::fs::write(&auto, "primary_slot_name = 'dbsvc_db_0'\nrestore_command = 'old'\n").unwrap();
+        let config = InstanceConfig {
+            standby_restore_command: Some("/dbservice/bin/dbservice-operator wal-restore --standby %f %p".into()),
+            ..config(directory.path())
+        };
+        write_standby_config(&config, Some(&Upstream { host: "db-1".into(), port: 5432 })).unwrap();
+        let text = std::fs::read_to_string(&auto).unwrap();
+        assert!(text.contains("primary_slot_name = ''") && !text.contains("dbsvc_db_0"), "{text}");
+        assert!(
+            text.contains("restore_command = '/dbservice/bin/dbservice-operator wal-restore --standby %f %p'"),
+            "{text}"
+        );
+        // Without archiving, no restore_command (none left from before either).
+        write_standby_config(&InstanceConfig { standby_restore_command: None, ..config }, None).unwrap();
+        assert!(std::fs::read_to_string(&auto).unwrap().contains("restore_command = ''"));
     }
 }
 

@@ -183,6 +183,10 @@ pub struct WalRestoreArgs {
     /// Where to write it (PostgreSQL's %p, relative to the data directory).
     #[arg(value_name = "PATH")]
     pub destination: PathBuf,
+    /// Run by a standby: a gap in the archive means "not there" (the standby streams the rest
+    /// from its primary), not a failed recovery.
+    #[arg(long)]
+    pub standby: bool,
     /// Object store settings.
     #[command(flatten)]
     pub store: StoreArgs,

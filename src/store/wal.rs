@@ -248,10 +248,11 @@ fn write_atomically(destination: &Path, content: &[u8]) -> Result<(), WalRestore
 /// rather than a missing file, so recovery fails with the message instead of ending at the gap.
 pub const GAP_EXIT_STATUS: i32 = 200;
 
-/// The exit status of `wal-restore` after `error` (1 means "not there" to PostgreSQL).
-pub fn restore_exit_status(error: &WalRestoreError) -> i32 {
+/// The exit status of `wal-restore` after `error` (1 means "not there" to PostgreSQL); a gap
+/// stops a recovery, never a standby (see [`WalRestoreArgs::standby`]).
+pub fn restore_exit_status(error: &WalRestoreError, standby: bool) -> i32 {
     match error {
-        WalRestoreError::Gap { .. } => GAP_EXIT_STATUS,
+        WalRestoreError::Gap { .. } if !standby => GAP_EXIT_STATUS,
         _ => 1,
     }
 }
@@ -314,8 +315,10 @@ mod tests {
     #[test]
     fn a_gap_exits_with_a_status_postgresql_takes_for_a_failure() {
         let gap = WalRestoreError::Gap { missing: "a".into(), later: "b".into() };
-        assert!(restore_exit_status(&gap) > 125);
-        assert_eq!(restore_exit_status(&WalRestoreError::NotFound { key: "k".into() }), 1);
+        assert!(restore_exit_status(&gap, false) > 125);
+        // A standby streams what the archive lacks.
+        assert_eq!(restore_exit_status(&gap, true), 1);
+        assert_eq!(restore_exit_status(&WalRestoreError::NotFound { key: "k".into() }, false), 1);
     }
 
     #[test]

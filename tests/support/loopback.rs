@@ -178,6 +178,7 @@ impl ControlPlane for MemoryControlPlane {
                 .as_ref()
                 .is_some_and(|transition| transition.kind == TransitionKind::Switchover),
             synchronous_standby_names: Some(synchronous),
+            instances,
         })
     }
 
@@ -409,6 +410,7 @@ impl Cluster {
                     .chain(server_settings)
                     .map(|(name, value)| (name.to_string(), value.to_string()))
                     .collect(),
+                standby_restore_command: None,
                 log_file: base.join("postgres.log"),
                 os_user: owner,
                 health_timeout: Duration::from_secs(1),

@@ -35,6 +35,12 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
         plain_env("DBSERVICE_S3_ACCESS_KEY_ID_FILE", format!("{CREDENTIALS_DIRECTORY}/accessKeyId")),
         plain_env("DBSERVICE_S3_SECRET_ACCESS_KEY_FILE", format!("{CREDENTIALS_DIRECTORY}/secretAccessKey")),
         plain_env("DBSERVICE_ARCHIVE_COMMAND", format!("{AGENT_DIRECTORY}/dbservice-operator wal-archive %p %f")),
+        // Short requests: a standby falls back to streaming, and a promotion that reads the
+        // archive's timeline history must not wait a minute for an unreachable store.
+        plain_env(
+            crate::api::pod::STANDBY_RESTORE_COMMAND_VARIABLE,
+            format!("{AGENT_DIRECTORY}/dbservice-operator wal-restore --standby --timeout-seconds=3 %f %p"),
+        ),
         plain_env(
             "DBSERVICE_ARCHIVE_TIMEOUT_SECONDS",
             backup.archive_timeout_seconds.unwrap_or(DEFAULT_ARCHIVE_TIMEOUT_SECONDS).to_string(),
