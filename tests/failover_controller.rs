@@ -82,6 +82,7 @@ fn run(
         health: &health,
         lease: lease.as_ref(),
         rolling_switchover: None,
+        drain_switchover: None,
         timer_seen: None,
     };
     let outcome = decide_failover(&database, &input, &mut status, &mut journal, now);

@@ -58,7 +58,7 @@ const IMAGE_PATTERN: &str = concat!(
 
 static IMAGE_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(IMAGE_PATTERN).expect("image pattern compiles"));
-static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+pub(crate) static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
         .expect("subdomain pattern compiles")
 });
@@ -139,6 +139,7 @@ pub fn validate(
     if let Some(secret) = spec.user_server_certificate() {
         validate_secret_name("spec.tls.serverCertificateSecret", secret, &mut outcome.errors);
     }
+    crate::admission::placement_validation::validate_placement(&spec.placement, &mut outcome.errors);
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
     if let Some(failover) = &spec.failover {

@@ -89,6 +89,10 @@ pub struct DatabaseServiceSpec {
     /// issues from the database's own CA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// Scheduling of the instances: affinity, tolerations, node selector, topology spread,
+    /// priority class, and the PodDisruptionBudgets.
+    #[serde(flatten)]
+    pub placement: crate::api::placement::PlacementSpec,
 }
 
 /// spec.tls: where the server certificate comes from.

@@ -9,6 +9,7 @@ pub mod database_service;
 pub mod database_service_backup;
 pub mod failover;
 pub mod names;
+pub mod placement;
 pub mod pod;
 pub mod recovery;
 pub mod synchronous;

@@ -66,6 +66,14 @@ impl ChildNames {
     pub fn headless_service(name: &str) -> String {
         format!("{name}-headless")
     }
+    /// PodDisruptionBudget of the primary's pod.
+    pub fn primary_disruption_budget(name: &str) -> String {
+        format!("{name}-primary")
+    }
+    /// PodDisruptionBudget of the standbys' pods.
+    pub fn standby_disruption_budget(name: &str) -> String {
+        format!("{name}-standbys")
+    }
     /// ServiceAccount, Role and RoleBinding of the instance agents.
     pub fn instance_account(name: &str) -> String {
         format!("{name}-instance")

@@ -14,6 +14,7 @@ mod network_policy;
 #[path = "../support/object_store.rs"]
 mod object_store;
 mod pipeline;
+mod placement;
 #[path = "../support/ports.rs"]
 mod ports;
 mod quiet;

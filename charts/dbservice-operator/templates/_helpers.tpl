@@ -269,6 +269,11 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
+# PodDisruptionBudgets NAME-primary and NAME-standbys (server-side apply, written with the
+# StatefulSet): a drain waits for the switchover instead of evicting the primary.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch"]
 # DatabaseServiceBackups: watched; created by the scheduler at the cron times; deleted beyond
 # the history limits (their Jobs go with them; the backups in the object store stay).
 - apiGroups: ["dbservice.dev"]

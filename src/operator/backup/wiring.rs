@@ -40,6 +40,7 @@ fn empty_stores() -> Stores {
         secrets: reflector::store().0,
         pods: reflector::store().0,
         claims: reflector::store().0,
+        nodes: reflector::store().0,
     }
 }
 

@@ -16,8 +16,8 @@ pub use compact::Compact;
 use crate::api::database_service::DatabaseService;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec,
-    PodStatus, Secret, Service,
+    ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, Node, NodeSpec,
+    PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
 };
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -121,6 +121,9 @@ pub struct Stores {
     pub pods: Store<Compact<Pod>>,
     /// PVCs by the managed-by label, spec and status as text.
     pub claims: Store<Compact<PersistentVolumeClaim>>,
+    /// Nodes, name and `spec.unschedulable` only: a cordon starts a drain (see
+    /// `failover::drain`). Empty when the operator may not list nodes.
+    pub nodes: Store<Node>,
 }
 
 impl Stores {
@@ -145,6 +148,7 @@ pub(super) struct PartialStores {
     pub secrets: Option<Store<PartialObjectMeta<Secret>>>,
     pub pods: Option<Store<Compact<Pod>>>,
     pub claims: Option<Store<Compact<PersistentVolumeClaim>>>,
+    pub nodes: Option<Store<Node>>,
 }
 
 impl PartialStores {
@@ -158,6 +162,7 @@ impl PartialStores {
             secrets: self.secrets.expect(MISSING),
             pods: self.pods.expect(MISSING),
             claims: self.claims.expect(MISSING),
+            nodes: self.nodes.expect("the node cache is wired"),
         }
     }
 }
@@ -171,6 +176,22 @@ where
 }
 
 pub use crate::api::names::FINGERPRINT_KEY;
+
+impl Slim for Node {
+    /// A drain needs the name and whether the node is cordoned.
+    fn slim(&mut self) {
+        let unschedulable = self.spec.as_ref().and_then(|spec| spec.unschedulable);
+        *self = Node {
+            metadata: kube::api::ObjectMeta {
+                name: self.metadata.name.take(),
+                resource_version: self.metadata.resource_version.take(),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec { unschedulable, ..Default::default() }),
+            status: None,
+        };
+    }
+}
 
 /// Reduces an object to what the controller reads, to keep the caches small at 10 000 objects.
 pub trait Slim {
@@ -278,7 +299,8 @@ impl Slim for Pod {
                 .into_iter()
                 .map(|container| Container { name: container.name, image: container.image, ..Default::default() })
                 .collect();
-            self.spec = Some(PodSpec { containers, ..Default::default() });
+            // The node: a primary on a cordoned one is switched over before the drain evicts it.
+            self.spec = Some(PodSpec { containers, node_name: spec.node_name, ..Default::default() });
         }
         if let Some(status) = self.status.take() {
             let container_statuses = status.container_statuses.map(|statuses| {

@@ -87,6 +87,7 @@ async fn apply_children(
         stateful_set,
         instance_access,
         network_policy,
+        disruption_budgets,
     } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
@@ -111,12 +112,14 @@ async fn apply_children(
     // comes after them, since its pods mount the scripts and run as the agents' account.
     let config_maps = Api::namespaced(client.clone(), &namespace);
     let services_api = Api::namespaced(client.clone(), &namespace);
-    let access_needed = instance_access.as_ref().filter(|_| {
-        // Written with the StatefulSet (they change together: created with it, or for a new
-        // operator version); never in a steady pass.
-        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set))
-    });
-    let (scripts_applied, services_applied, access_applied) = tokio::join!(
+    // Written with the StatefulSet (they change together: created with it, or for a new operator
+    // version); never in a steady pass.
+    let stateful_set_changes =
+        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set));
+    let access_needed = instance_access.as_ref().filter(|_| stateful_set_changes);
+    let budgets_needed = if stateful_set_changes { disruption_budgets.as_slice() } else { &[] };
+    let budgets = Api::namespaced(client.clone(), &namespace);
+    let (scripts_applied, services_applied, access_applied, budgets_applied) = tokio::join!(
         apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context),
         futures::future::join_all(services.iter().map(|service| {
             let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
@@ -128,6 +131,7 @@ async fn apply_children(
                 None => Ok(()),
             }
         },
+        futures::future::try_join_all(budgets_needed.iter().map(|budget| server_side_apply(&budgets, budget, context))),
     );
     // What was written is reported before any failure is returned (see reconcile's publish_applied).
     let mut first_error = None;
@@ -144,7 +148,7 @@ async fn apply_children(
             }
         }
     }
-    if let Some(error) = first_error.or(access_applied.err()) {
+    if let Some(error) = first_error.or(access_applied.err()).or(budgets_applied.err()) {
         return Err(error);
     }
     let stateful_sets = Api::namespaced(client.clone(), &namespace);

@@ -172,6 +172,12 @@ pub fn decide(input: &DecideInput) -> Decision {
             health: &pods,
             lease,
             rolling_switchover,
+            drain_switchover: crate::operator::database::failover::drain::drain_switchover(
+                &status.failover,
+                &observed.pods,
+                &pods,
+                &observed.cordoned_nodes,
+            ),
             timer_seen: failover_timer_seen,
         },
         &mut status,

@@ -49,6 +49,8 @@ pub struct Observed {
     pub expandable_classes: BTreeMap<String, bool>,
     /// The primary Lease, read only while a failover or switchover needs it.
     pub primary_lease: Option<crate::lease::LeaseRecord>,
+    /// The nodes of these pods that are cordoned (`spec.unschedulable`).
+    pub cordoned_nodes: std::collections::BTreeSet<String>,
 }
 
 /// Reads the children of `database` from the caches.
@@ -61,6 +63,14 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         .collect();
     let pods = expanded_children(&stores.pods, &namespace, &name);
     let claims = expanded_children(&stores.claims, &namespace, &name);
+    let cordoned_nodes = pods
+        .iter()
+        .filter_map(|pod| pod.spec.as_ref()?.node_name.clone())
+        .filter(|node| {
+            let cached = stores.nodes.get(&kube::runtime::reflector::ObjectRef::new(node));
+            cached.and_then(|node| node.spec.as_ref()?.unschedulable).unwrap_or(false)
+        })
+        .collect();
     Observed {
         stateful_set: cached(&stores.stateful_sets, &namespace, &name),
         services,
@@ -76,6 +86,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         claims,
         expandable_classes: BTreeMap::new(),
         primary_lease: None,
+        cordoned_nodes,
     }
 }
 

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 /// Health of one pod.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodHealth {
     /// Pod name.
     pub name: String,

@@ -15,7 +15,7 @@ use crate::operator::expectations::Expectations;
 use crate::operator::leader::TermEnd;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
@@ -116,6 +116,22 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
             }
         };
     }
+    // Nodes: a cordoned one wakes the databases whose pods run on it (see `failover::drain`).
+    let (nodes, node_events) = cache(watcher(Api::<Node>::all(client.clone()), watcher::Config::default()));
+    stores.nodes = Some(nodes);
+    let pods = stores.pods.clone().expect("the pod cache is wired");
+    controller = controller.watches_stream(node_events, move |node: Node| {
+        let cordoned = node.spec.as_ref().and_then(|spec| spec.unschedulable).unwrap_or(false);
+        let name = node.metadata.name.unwrap_or_default();
+        let on_node =
+            |pod: &Compact<Pod>| pod.expand().and_then(|pod| pod.spec?.node_name).as_deref() == Some(name.as_str());
+        let databases: Vec<_> = if cordoned {
+            pods.state_filter(on_node).into_iter().filter_map(|pod| database_of((*pod).clone())).collect()
+        } else {
+            Vec::new()
+        };
+        databases
+    });
     let config = ControllerConfig::default().concurrency(settings.concurrency).debounce(Duration::from_millis(500));
     (controller.with_config(config), stores.complete(), subscription)
 }

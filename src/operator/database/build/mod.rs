@@ -10,8 +10,10 @@
 pub mod archiving;
 pub mod container;
 pub mod credentials;
+pub mod disruption;
 pub mod environment;
 pub mod network_policy;
+pub mod placement;
 pub mod probes;
 pub mod recovery;
 pub mod security;
@@ -99,6 +101,8 @@ pub struct Desired {
     pub instance_access: Option<InstanceAccess>,
     /// NetworkPolicy NAME (only with `--database-network-policies`).
     pub network_policy: Option<NetworkPolicy>,
+    /// PodDisruptionBudgets NAME-primary and NAME-standbys.
+    pub disruption_budgets: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
 }
 
 /// The passwords of the Secrets this pass creates (the one impure input of building): each one
@@ -130,6 +134,7 @@ pub fn desired(
         stateful_set: stateful_set(database, inputs),
         instance_access: inputs.instance_image.as_ref().map(|_| instance_access(database)),
         network_policy: clients.map(|clients| network_policy::network_policy(database, clients)),
+        disruption_budgets: disruption::disruption_budgets(database, inputs.replicas),
     }
 }
 

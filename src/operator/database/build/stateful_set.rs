@@ -7,7 +7,7 @@ use crate::api::pod::RESTART_ANNOTATION;
 use crate::operator::database::build::container::{agent_init_container, postgres_container};
 use crate::operator::database::build::security::database_pod_security_context;
 use crate::operator::database::build::volumes::{claim_template, pod_volumes};
-use crate::operator::database::build::{archiving, metadata, recovery, WorkloadInputs};
+use crate::operator::database::build::{archiving, metadata, placement, recovery, WorkloadInputs};
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
@@ -36,6 +36,7 @@ fn pod_template(database: &DatabaseService, inputs: &WorkloadInputs) -> PodTempl
     };
     // Archiving and recovery need our binary in the pod, so they follow spec.backup and
     // spec.bootstrap.recovery only when the operator knows its image.
+    placement::add_placement(&mut pod, database);
     if with_agent {
         archiving::add_archiving(&mut pod, database);
         recovery::add_recovery(&mut pod, database);

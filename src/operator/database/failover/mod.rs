@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod decide;
+pub mod drain;
 pub mod pass;
 
 #[cfg(test)]

@@ -153,6 +153,8 @@ pub struct FailoverInput<'a> {
     pub lease: Option<&'a LeaseRecord>,
     /// A switchover the rolling update asks for (only the primary is left on an old revision).
     pub rolling_switchover: Option<String>,
+    /// A switchover away from the primary's cordoned node (see [`crate::operator::database::failover::drain`]).
+    pub drain_switchover: Option<String>,
     /// How long this process has seen the running failover timer (None: judge it by `now`).
     pub timer_seen: Option<Duration>,
 }
@@ -206,7 +208,16 @@ pub fn decide_failover(
             );
         }
     }
-    let switchover_to = request.clone().or_else(|| input.rolling_switchover.clone());
+    if let (None, None, Some(target)) = (&request, &input.rolling_switchover, &input.drain_switchover) {
+        journal.record(
+            false,
+            "DrainSwitchover",
+            format!("the primary's node is cordoned: switching over to {target} before the drain evicts it"),
+            None,
+        );
+    }
+    let switchover_to =
+        request.clone().or_else(|| input.rolling_switchover.clone()).or_else(|| input.drain_switchover.clone());
     let observed = failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to };
     let settings = database.spec.failover_settings();
     // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
@@ -364,7 +375,8 @@ fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcom
         }
         Action::SwitchoverRejected { target, reason } => {
             journal.record(true, "SwitchoverRejected", format!("switchover to {target} refused: {reason:?}"), None);
-            outcome.clear_switchover_request = true;
+            // Only a person's request is an annotation to remove (a rolling or drain switchover is not).
+            outcome.clear_switchover_request = told.request.is_some();
         }
         Action::ForeignPrimary { instance } => {
             journal.record(
