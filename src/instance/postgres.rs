@@ -327,13 +327,9 @@ impl Postgres {
     pub async fn set_upstream(&mut self, conninfo: &str) -> Result<(), PostgresError> {
         let conninfo = conninfo.to_string();
         self.bounded(async move |client| {
-            let statement: String = client
-                .query_one("SELECT format('ALTER SYSTEM SET primary_conninfo = %L', $1::text)", &[&conninfo])
-                .await?
-                .try_get(0)?;
-            client.batch_execute(&statement).await?;
+            alter_system(client, "primary_conninfo", &conninfo).await?;
             // The previous upstream's slot is not on this one (see `slots`).
-            client.batch_execute("ALTER SYSTEM SET primary_slot_name = ''").await?;
+            alter_system(client, "primary_slot_name", "").await?;
             client.batch_execute("SELECT pg_reload_conf()").await
         })
         .await
@@ -343,11 +339,7 @@ impl Postgres {
     pub async fn set_slot(&mut self, slot: &str) -> Result<(), PostgresError> {
         let slot = slot.to_string();
         self.bounded(async move |client| {
-            let statement: String = client
-                .query_one("SELECT format('ALTER SYSTEM SET primary_slot_name = %L', $1::text)", &[&slot])
-                .await?
-                .try_get(0)?;
-            client.batch_execute(&statement).await?;
+            alter_system(client, "primary_slot_name", &slot).await?;
             client.batch_execute("SELECT pg_reload_conf()").await
         })
         .await
@@ -467,6 +459,16 @@ pub fn is_standby_data(pgdata: &Path) -> bool {
 /// Below this much free space on the data volume the instance reports its disk full: less than
 /// two WAL segments, so PostgreSQL is about to fail (or already fails) to write WAL.
 pub const DISK_FULL_BYTES: u64 = 32 * 1024 * 1024;
+
+/// `ALTER SYSTEM SET name = 'value'`, the value quoted by the server (`format('%L')`); the
+/// statement cannot run in a transaction block, so it has one round trip of its own.
+async fn alter_system(client: &Client, name: &str, value: &str) -> Result<(), tokio_postgres::Error> {
+    let statement: String = client
+        .query_one(&format!("SELECT format('ALTER SYSTEM SET {name} = %L', $1::text)"), &[&value])
+        .await?
+        .try_get(0)?;
+    client.batch_execute(&statement).await
+}
 
 /// Bytes available to unprivileged users on the file system holding `path` (statvfs), if known.
 pub fn free_bytes(path: &Path) -> Option<u64> {

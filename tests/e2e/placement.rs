@@ -110,19 +110,35 @@ fn refused_by_budget(result: &Result<(), kube::Error>) -> bool {
     matches!(result, Err(kube::Error::Api(status)) if status.code == 429)
 }
 
+/// A running placed database `name` of `replicas` instances on the test's own two nodes.
+struct PlacedDatabase {
+    client: Client,
+    nodes: TestNodes,
+    namespace: TestNamespace,
+    databases: Api<DatabaseService>,
+    pods: Vec<Pod>,
+}
+
+async fn placed_and_running(kubeconfig: &std::path::Path, prefix: &str, name: &str, replicas: i32) -> PlacedDatabase {
+    let _environment = shared();
+    let client = client_for(kubeconfig).await;
+    let namespace = TestNamespace::create(&client, prefix).await;
+    let ns = namespace.name.clone();
+    let nodes = TestNodes::create(&client, &ns).await;
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
+    databases.create(&PostParams::default(), &placed_database(name, &ns, replicas)).await.unwrap();
+    wait_for_phase(&databases, name, Phase::Running, Duration::from_secs(180)).await;
+    let pods = running_pods(&client, &ns, name, replicas as usize).await;
+    PlacedDatabase { client, nodes, namespace, databases, pods }
+}
+
 #[tokio::test]
 async fn placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one_standby_go() {
     let test = "placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one_standby_go";
     let Some(kubeconfig) = cluster_or_skip(test) else { return };
-    let _environment = shared();
-    let client = client_for(&kubeconfig).await;
-    let namespace = TestNamespace::create(&client, "placement").await;
+    let PlacedDatabase { client, nodes, namespace, databases, pods } =
+        placed_and_running(&kubeconfig, "placement", "spread", 3).await;
     let ns = namespace.name.as_str();
-    let nodes = TestNodes::create(&client, ns).await;
-    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
-    databases.create(&PostParams::default(), &placed_database("spread", ns, 3)).await.unwrap();
-    wait_for_phase(&databases, "spread", Phase::Running, Duration::from_secs(180)).await;
-    let pods = running_pods(&client, ns, "spread", 3).await;
     let used: BTreeSet<String> = pods.iter().map(node_of).collect();
     assert!(used.iter().all(|node| nodes.names.contains(node)), "only the selected, tolerated nodes: {used:?}");
     assert_eq!(used.len(), 2, "the preferred anti-affinity spreads three instances over both nodes: {used:?}");
@@ -170,15 +186,9 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
 async fn a_cordon_of_the_primarys_node_starts_a_switchover_to_a_standby_on_another_node() {
     let test = "a_cordon_of_the_primarys_node_starts_a_switchover_to_a_standby_on_another_node";
     let Some(kubeconfig) = cluster_or_skip(test) else { return };
-    let _environment = shared();
-    let client = client_for(&kubeconfig).await;
-    let namespace = TestNamespace::create(&client, "drain").await;
+    let PlacedDatabase { client, nodes: _nodes, namespace, databases, pods } =
+        placed_and_running(&kubeconfig, "drain", "drained", 2).await;
     let ns = namespace.name.as_str();
-    let _nodes = TestNodes::create(&client, ns).await;
-    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
-    databases.create(&PostParams::default(), &placed_database("drained", ns, 2)).await.unwrap();
-    wait_for_phase(&databases, "drained", Phase::Running, Duration::from_secs(180)).await;
-    let pods = running_pods(&client, ns, "drained", 2).await;
     let node = |pod: &str| node_of(pods.iter().find(|found| found.metadata.name.as_deref() == Some(pod)).unwrap());
     assert_ne!(node("drained-0"), node("drained-1"), "the instances are on different nodes");
     for (pod, role, received) in [("drained-0", Role::Primary, None), ("drained-1", Role::Standby, Some(0x300_0000))] {

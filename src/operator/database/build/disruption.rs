@@ -49,14 +49,7 @@ mod tests {
     use super::*;
 
     fn database(extra: serde_json::Value) -> DatabaseService {
-        let mut spec =
-            serde_json::json!({"version": "16", "storageSize": "1Gi", "databaseName": "app", "username": "app_user"});
-        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
-            "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}, "spec": spec
-        }))
-        .unwrap()
+        crate::operator::database::build::test_database(extra)
     }
 
     fn min_available(budgets: &[PodDisruptionBudget]) -> Vec<(String, IntOrString)> {

@@ -154,3 +154,17 @@ pub fn claim_template_size(stateful_set: &StatefulSet) -> Option<String> {
         .get("storage")
         .map(|quantity| quantity.0.clone())
 }
+
+/// A DatabaseService `orders` in namespace `shop` (uid `u-1`) with the required fields and
+/// `extra` merged into its spec, for the builders' tests.
+#[cfg(test)]
+pub fn test_database(extra: serde_json::Value) -> DatabaseService {
+    let mut spec =
+        serde_json::json!({"version": "16", "storageSize": "1Gi", "databaseName": "app", "username": "app_user"});
+    spec.as_object_mut().expect("a spec object").extend(extra.as_object().expect("an object").clone());
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}, "spec": spec
+    }))
+    .expect("a valid DatabaseService")
+}

@@ -52,15 +52,8 @@ pub fn add_placement(pod: &mut PodSpec, database: &DatabaseService) {
 mod tests {
     use super::*;
 
-    fn database(spec: serde_json::Value) -> DatabaseService {
-        let mut base =
-            serde_json::json!({"version": "16", "storageSize": "1Gi", "databaseName": "app", "username": "app_user"});
-        base.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
-            "metadata": {"name": "orders", "namespace": "shop"}, "spec": base
-        }))
-        .unwrap()
+    fn database(extra: serde_json::Value) -> DatabaseService {
+        crate::operator::database::build::test_database(extra)
     }
 
     fn placed(spec: serde_json::Value) -> PodSpec {
