@@ -4,13 +4,17 @@
 //! StatefulSet, except for the keys our anti-affinity uses.
 
 use crate::admission::field_error::FieldError;
-use crate::admission::validation::DNS_SUBDOMAIN_REGEX;
 use crate::api::placement::PlacementSpec;
 use std::sync::LazyLock;
 
 /// A label key: an optional DNS subdomain prefix and `/`, then a name of at most 63 characters.
 static LABEL_NAME: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$").expect("label name pattern compiles")
+});
+/// A DNS subdomain (as validation.rs has it; kept here too, since that module imports this one).
+static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        .expect("subdomain pattern compiles")
 });
 /// A label value: empty, or at most 63 characters of letters, digits, `-`, `_` and `.`.
 static LABEL_VALUE: LazyLock<regex::Regex> = LazyLock::new(|| {

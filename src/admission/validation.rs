@@ -58,7 +58,7 @@ const IMAGE_PATTERN: &str = concat!(
 
 static IMAGE_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(IMAGE_PATTERN).expect("image pattern compiles"));
-pub(crate) static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
+static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
         .expect("subdomain pattern compiles")
 });
