@@ -39,6 +39,8 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         disk_full: false,
         archiving: None,
         shutdown_checkpoint_lsn: None,
+        parameters: None,
+        pending_restart: Vec::new(),
     }
 }
 

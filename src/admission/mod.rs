@@ -9,6 +9,7 @@ pub mod field_error;
 pub mod limits;
 pub mod mutation;
 pub mod placement_validation;
+pub mod postgresql_validation;
 pub mod recovery_source;
 pub mod review;
 pub mod secret_access;

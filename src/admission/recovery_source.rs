@@ -201,6 +201,7 @@ mod tests {
         let mut database = DatabaseService::new("restored", Default::default());
         database.spec.version = "15".into();
         database.spec.bootstrap = Some(BootstrapSpec {
+            initdb: None,
             recovery: Some(RecoverySpec {
                 source: ObjectStore {
                     endpoint: "http://127.0.0.1:9".into(),

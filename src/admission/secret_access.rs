@@ -164,6 +164,7 @@ mod tests {
         DatabaseServiceSpec {
             backup: backup.map(|object_store| BackupSpec { object_store, ..Default::default() }),
             bootstrap: recovery.map(|source| BootstrapSpec {
+                initdb: None,
                 recovery: Some(RecoverySpec { source, backup_id: None, target: None, allow_non_empty_archive: None }),
             }),
             ..Default::default()

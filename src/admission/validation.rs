@@ -140,6 +140,21 @@ pub fn validate(
         validate_secret_name("spec.tls.serverCertificateSecret", secret, &mut outcome.errors);
     }
     crate::admission::placement_validation::validate_placement(&spec.placement, &mut outcome.errors);
+    let mut postgresql_warnings = Vec::new();
+    if let Some(postgresql) = &spec.postgresql {
+        let major = major_version(&spec.version)
+            .filter(|major| (OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(major));
+        crate::admission::postgresql_validation::validate_postgresql(
+            postgresql,
+            major,
+            &mut outcome.errors,
+            &mut postgresql_warnings,
+        );
+    }
+    if let Some(initdb) = spec.initdb() {
+        let recovering = spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
+        crate::admission::postgresql_validation::validate_initdb(initdb, recovering, &mut outcome.errors);
+    }
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
     if let Some(failover) = &spec.failover {
@@ -150,6 +165,7 @@ pub fn validate(
         validate_scale_down(old, spec, &mut outcome.errors);
     }
     outcome.warnings = warnings(spec, settings);
+    outcome.warnings.extend(postgresql_warnings);
     outcome
 }
 
@@ -393,6 +409,13 @@ fn validate_update(old: &DatabaseServiceSpec, new: &DatabaseServiceSpec, errors:
         new.storage_class_name.clone().unwrap_or_default(),
         errors,
     );
+    if old.initdb() != new.initdb() {
+        errors.push(FieldError {
+            path: "spec.bootstrap.initdb".into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: "field is immutable: initdb ran when the database was created".into(),
+        });
+    }
     if let (Ok(old_bytes), Ok(new_bytes)) = (parse_bytes(&old.storage_size), parse_bytes(&new.storage_size)) {
         if new_bytes < old_bytes {
             errors.push(FieldError::invalid(

@@ -131,6 +131,10 @@ pub struct BootstrapSpec {
     /// Recover from another database's backups instead of starting empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoverySpec>,
+    /// Options of the new data directory when it starts empty (locale, encoding, checksums,
+    /// WAL segment size); not with recovery, which copies the source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<crate::api::postgresql::InitdbSpec>,
 }
 
 /// Point-in-time recovery into this (new) DatabaseService.

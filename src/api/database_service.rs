@@ -89,6 +89,9 @@ pub struct DatabaseServiceSpec {
     /// issues from the database's own CA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// PostgreSQL's own configuration: server parameters and extra pg_hba rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgresql: Option<crate::api::postgresql::PostgresqlSpec>,
     /// Scheduling of the instances: affinity, tolerations, node selector, topology spread,
     /// priority class, and the PodDisruptionBudgets.
     #[serde(flatten)]
@@ -257,6 +260,21 @@ impl std::fmt::Display for Phase {
 }
 
 impl DatabaseServiceSpec {
+    /// `spec.postgresql.parameters` (empty when unset).
+    pub fn parameters(&self) -> std::collections::BTreeMap<String, String> {
+        self.postgresql.as_ref().map(|postgresql| postgresql.parameters.clone()).unwrap_or_default()
+    }
+
+    /// `spec.postgresql.pgHba` (empty when unset).
+    pub fn hba_rules(&self) -> &[String] {
+        self.postgresql.as_ref().map_or(&[], |postgresql| postgresql.pg_hba.as_slice())
+    }
+
+    /// `spec.bootstrap.initdb`, when set.
+    pub fn initdb(&self) -> Option<&crate::api::postgresql::InitdbSpec> {
+        self.bootstrap.as_ref().and_then(|bootstrap| bootstrap.initdb.as_ref())
+    }
+
     /// The failover settings, with the defaults for what is not set.
     pub fn failover_settings(&self) -> crate::api::failover::FailoverSettings {
         let defaults = crate::api::failover::FailoverSettings::default();

@@ -58,6 +58,14 @@ pub struct InstanceReport {
     /// Republished only when archiving turns healthy or failing, or fails on another segment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archiving: Option<ArchivingReport>,
+    /// Fingerprint ([`crate::api::postgresql::fingerprint`]) of the `spec.postgresql.parameters`
+    /// the server was last configured and reloaded with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<String>,
+    /// Settings changed in the configuration that the running server applies only after a
+    /// restart (`pg_settings.pending_restart`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_restart: Vec<String>,
 }
 
 /// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.
@@ -163,6 +171,14 @@ pub struct InstanceStatus {
     /// Timeline it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
+    /// Whether it runs with the current `spec.postgresql.parameters` (configured and reloaded),
+    /// once its agent reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters_applied: Option<bool>,
+    /// Settings it applies only after a restart (the rollout of a restart-only change restarts it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub pending_restart: Vec<String>,
 }
 
 /// Failover settings (spec.failover, validated by the webhook).

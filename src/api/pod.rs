@@ -17,6 +17,9 @@ pub const SUPERUSER: &str = "postgres";
 pub const REPLICATION_USER: &str = "replicator";
 /// Pod-template annotation whose change restarts every pod (like `kubectl rollout restart`).
 pub const RESTART_ANNOTATION: &str = "dbservice.dev/restartedAt";
+/// Pod-template annotation: the fingerprint of the parameters whose change takes a restart
+/// ([`crate::api::postgresql::restart_parameters`]); its change rolls the instances, standbys first.
+pub const RESTART_PARAMETERS_ANNOTATION: &str = "dbservice.dev/restart-parameters";
 /// Where PostgreSQL keeps its data inside the data volume (a subdirectory, so lost+found is no problem).
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 /// emptyDir the init container copies the instance agent into (shared convention of the pod template).

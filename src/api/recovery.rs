@@ -165,6 +165,7 @@ pub(crate) mod tests {
     pub(crate) fn recovering(target: Option<RecoveryTargetSpec>) -> DatabaseService {
         let mut database = DatabaseService::new("restored", Default::default());
         database.spec.bootstrap = Some(BootstrapSpec {
+            initdb: None,
             recovery: Some(RecoverySpec {
                 source: ObjectStore {
                     endpoint: "http://10.85.0.1:9000".into(),

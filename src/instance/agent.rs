@@ -3,6 +3,7 @@
 
 use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
+use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
@@ -84,6 +85,8 @@ pub struct Agent<C> {
     slot: StandbySlot,
     /// When this server last looked for replication slots to drop.
     slots_checked: Option<Instant>,
+    /// `spec.postgresql` in the data directory and the running server.
+    configuration: ConfigurationKeeper,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -148,6 +151,7 @@ impl<C: ControlPlane> Agent<C> {
             roles: RolesKeeper::default(),
             slot: StandbySlot::default(),
             slots_checked: None,
+            configuration: ConfigurationKeeper::default(),
         }
     }
 
@@ -253,6 +257,10 @@ impl<C: ControlPlane> Agent<C> {
         if matches!(local, LocalState::Ready(_)) {
             self.keep_certificates().await;
         }
+        self.configuration.want(desired.configuration.as_ref());
+        if matches!(local, LocalState::Ready(_)) {
+            self.configuration.keep(&self.config, &mut self.postgres).await;
+        }
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
             self.roles.keep(&self.config);
         }
@@ -317,6 +325,8 @@ impl<C: ControlPlane> Agent<C> {
                         // No renewal without a healthy server; fences at the deadline.
                         self.hold_lease(None).await;
                     }
+                } else if let Some(upstream) = desired.upstream.as_ref().filter(|_| self.postgres.is_running()) {
+                    self.follow_offline(upstream)?;
                 }
             }
             LocalState::Down => {
@@ -388,6 +398,8 @@ impl<C: ControlPlane> Agent<C> {
             disk_full: self.disk_full,
             archiving: self.archiving.clone().filter(|_| role == Role::Primary),
             shutdown_checkpoint_lsn: self.shutdown_checkpoint.filter(|_| !ready),
+            parameters: self.configuration.applied_fingerprint(),
+            pending_restart: self.configuration.pending_restart(),
         }
     }
 
@@ -549,6 +561,21 @@ impl<C: ControlPlane> Agent<C> {
         if self.upstream_set.as_deref() != Some(conninfo.as_str()) {
             tracing::info!(instance = %self.config.name, upstream = ?upstream, "following");
             self.postgres.set_upstream(&conninfo).await?;
+            self.upstream_set = Some(conninfo);
+            self.slot.reset();
+        }
+        Ok(())
+    }
+
+    /// Re-points a standby that takes no connections yet. One that started following a primary
+    /// which was lost before the standby reached a consistent state waits for WAL only the new
+    /// primary has; without this it would wait forever (its pod never turns ready, and with
+    /// OrderedReady the StatefulSet would not re-create the pods after it either).
+    fn follow_offline(&mut self, upstream: &Upstream) -> Result<(), AgentError> {
+        let conninfo = standby::conninfo(&self.config, upstream, true);
+        if self.upstream_set.as_deref() != Some(conninfo.as_str()) {
+            tracing::info!(instance = %self.config.name, upstream = ?upstream, "following (server not accepting connections yet: configuration file and reload)");
+            self.postgres.set_upstream_offline(&conninfo)?;
             self.upstream_set = Some(conninfo);
             self.slot.reset();
         }
@@ -818,6 +845,11 @@ impl<C: ControlPlane> Agent<C> {
         }
         crate::instance::tls::write_transport_rule(&self.config)
             .map_err(|error| StandbyError::Files { path: self.config.pgdata.join("pg_hba.conf"), source: error })?;
+        // After the operator's blocks: the user's rules go right below them.
+        if let Err(error) = self.configuration.before_start(&self.config) {
+            // The server starts with the files it has; the next steps try again and reload.
+            tracing::warn!(instance = %self.config.name, %error, "could not write spec.postgresql before the start");
+        }
         if let Some(files) = &self.config.tls {
             self.certificates.loaded(files);
         }

@@ -12,7 +12,7 @@ use crate::api::database_service::fenced_instances;
 use crate::api::database_service::DatabaseService;
 use crate::api::failover::{FailoverStatus, InstanceReport, TransitionKind, INSTANCE_REPORT_ANNOTATION};
 use crate::api::names::primary_lease_name;
-use crate::instance::{ControlPlane, ControlPlaneError, Desired, Upstream};
+use crate::instance::{ControlPlane, ControlPlaneError, Desired, ServerConfiguration, Upstream};
 use crate::lease::LeaseRecord;
 use crate::lease::{lease_record, with_record};
 use futures::StreamExt;
@@ -46,6 +46,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         switchover: status.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover),
         synchronous_standby_names: None,
         instances: Vec::new(),
+        configuration: None,
     }
 }
 
@@ -178,6 +179,10 @@ impl ControlPlane for KubeControlPlane {
         let mut desired = desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port);
         desired.synchronous_standby_names = Some(synchronous_standby_names_for(&database, &self.pod));
         desired.instances = instance_names(&database);
+        desired.configuration = Some(ServerConfiguration {
+            parameters: database.spec.parameters(),
+            hba_rules: database.spec.hba_rules().to_vec(),
+        });
         Ok(desired)
     }
 
@@ -252,6 +257,7 @@ mod tests {
                 switchover: false,
                 synchronous_standby_names: None,
                 instances: Vec::new(),
+                configuration: None,
             }
         );
     }

@@ -10,6 +10,7 @@
 mod agent;
 pub mod archiving;
 pub mod args;
+pub mod configuration;
 pub mod hba;
 pub mod kubernetes;
 pub mod postgres;
@@ -122,6 +123,17 @@ pub struct Desired {
     /// Every instance the database should have (empty when unknown): a primary keeps their
     /// replication slots and drops the others.
     pub instances: Vec<String>,
+    /// `spec.postgresql` as the server should run it; None when unknown (the configuration stays).
+    pub configuration: Option<ServerConfiguration>,
+}
+
+/// The server configuration the user asked for (`spec.postgresql`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerConfiguration {
+    /// `spec.postgresql.parameters`.
+    pub parameters: std::collections::BTreeMap<String, String>,
+    /// `spec.postgresql.pgHba`.
+    pub hba_rules: Vec<String>,
 }
 
 /// The API could not be reached or refused.

@@ -335,6 +335,18 @@ impl Postgres {
         .await
     }
 
+    /// Re-points the WAL receiver of a server that takes no connections yet (a standby still
+    /// replaying towards a consistent state, which may need WAL only the new primary has): the
+    /// setting goes into postgresql.auto.conf directly and the postmaster is told to reload.
+    pub fn set_upstream_offline(&mut self, conninfo: &str) -> Result<(), crate::instance::standby::StandbyError> {
+        let settings = [("primary_conninfo", conninfo.to_string()), ("primary_slot_name", String::new())];
+        crate::instance::standby::set_auto_conf(&self.config, &settings)?;
+        if let Some(pid) = self.pid() {
+            signal_postmaster(pid, libc::SIGHUP);
+        }
+        Ok(())
+    }
+
     /// Streams through replication slot `slot` from now on (the WAL receiver restarts with it).
     pub async fn set_slot(&mut self, slot: &str) -> Result<(), PostgresError> {
         let slot = slot.to_string();
@@ -370,6 +382,13 @@ impl Postgres {
     /// postmaster has applied them; a commit right after may still use the old value).
     pub async fn reload(&mut self) -> Result<(), PostgresError> {
         self.bounded(async |client| client.batch_execute("SELECT pg_reload_conf()").await).await
+    }
+
+    /// Settings changed in the configuration files that take effect only after a restart.
+    pub async fn pending_restart(&mut self) -> Result<Vec<String>, PostgresError> {
+        let query = "SELECT name FROM pg_settings WHERE pending_restart ORDER BY name";
+        let rows = self.bounded(async |client| client.query(query, &[]).await).await?;
+        rows.iter().map(|row| row.try_get(0).map_err(PostgresError::from)).collect()
     }
 
     /// Runs `statements` (one batch, no parameters), bounded by the health timeout.

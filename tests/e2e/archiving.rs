@@ -33,6 +33,8 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         fenced: false,
         disk_full: false,
         shutdown_checkpoint_lsn: None,
+        parameters: None,
+        pending_restart: Vec::new(),
         archiving: Some(archiving),
     }
 }

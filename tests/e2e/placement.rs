@@ -179,6 +179,8 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         fenced: false,
         disk_full: false,
         shutdown_checkpoint_lsn: None,
+        parameters: None,
+        pending_restart: Vec::new(),
         archiving: None,
     }
 }

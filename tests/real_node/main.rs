@@ -9,6 +9,7 @@
 //! one after the other, so it never overlaps the kwok suite (tests/e2e), which uses URL mode.
 
 mod backups;
+mod configuration;
 mod diagnostics;
 mod environment;
 mod failover;

@@ -120,7 +120,7 @@ async fn two_instances_replicate_and_survive_their_pods_being_deleted() {
 }
 
 /// kubectl exec psql that returns None instead of panicking (the pod may be restarting).
-fn kubectl_quiet(namespace: &str, pod: &str, sql: &str) -> Option<String> {
+pub(crate) fn kubectl_quiet(namespace: &str, pod: &str, sql: &str) -> Option<String> {
     let output = std::process::Command::new(crate::support::tool("kubectl"))
         .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-h", "/var/run/postgresql"])
         .args(["-U", "postgres", "-d", "app", "-Atc", sql])

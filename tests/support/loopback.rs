@@ -129,6 +129,8 @@ pub struct World {
     pub lease_history: Vec<LeaseRecord>,
     /// Reports published by the agents (each one a pod write in Kubernetes).
     pub publishes: u64,
+    /// spec.postgresql as the agents see it (None: unknown, their configuration stays).
+    pub configuration: Option<dbservice_operator::instance::ServerConfiguration>,
 }
 
 pub type SharedWorld = Arc<Mutex<World>>;
@@ -179,6 +181,7 @@ impl ControlPlane for MemoryControlPlane {
                 .is_some_and(|transition| transition.kind == TransitionKind::Switchover),
             synchronous_standby_names: Some(synchronous),
             instances,
+            configuration: world.configuration.clone(),
         })
     }
 

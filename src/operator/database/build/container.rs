@@ -41,6 +41,10 @@ fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<Env
         plain_env("PGSSLMODE", "verify-full"),
         plain_env("PGSSLROOTCERT", format!("{TLS_DIRECTORY}/ca.crt")),
     ];
+    // Read by the image's entrypoint (and ours, standalone) when it runs initdb.
+    if let Some(arguments) = database.spec.initdb().and_then(|initdb| initdb.arguments()) {
+        env.push(plain_env("POSTGRES_INITDB_ARGS", arguments));
+    }
     if with_agent {
         env.push(field_env("POD_NAMESPACE", "metadata.namespace"));
         env.push(plain_env("DBSERVICE_DATABASE", &name));

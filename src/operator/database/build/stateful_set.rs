@@ -3,7 +3,7 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, selector_labels, ChildNames};
-use crate::api::pod::RESTART_ANNOTATION;
+use crate::api::pod::{RESTART_ANNOTATION, RESTART_PARAMETERS_ANNOTATION};
 use crate::operator::database::build::container::{agent_init_container, postgres_container};
 use crate::operator::database::build::security::database_pod_security_context;
 use crate::operator::database::build::volumes::{claim_template, pod_volumes};
@@ -20,8 +20,18 @@ use std::collections::BTreeMap;
 fn pod_template(database: &DatabaseService, inputs: &WorkloadInputs) -> PodTemplateSpec {
     let name = database.name_any();
     let with_agent = inputs.instance_image.is_some();
-    let annotations: BTreeMap<String, String> =
+    let mut annotations: BTreeMap<String, String> =
         inputs.restarted_at.iter().map(|restarted_at| (RESTART_ANNOTATION.to_string(), restarted_at.clone())).collect();
+    // Only the parameters a reload cannot apply roll the pods (the agents reload the others);
+    // none set, no annotation, so that databases made before it do not roll.
+    let major = crate::api::version::major_version(&database.spec.version).unwrap_or_default();
+    let restart_parameters = crate::api::postgresql::restart_parameters(major, &database.spec.parameters());
+    if !restart_parameters.is_empty() {
+        annotations.insert(
+            RESTART_PARAMETERS_ANNOTATION.to_string(),
+            crate::api::postgresql::fingerprint(&restart_parameters),
+        );
+    }
     let mut pod = PodSpec {
         containers: vec![postgres_container(database, inputs)],
         init_containers: inputs.instance_image.as_deref().map(|image| vec![agent_init_container(image)]),

@@ -74,6 +74,8 @@ mod tests {
             fenced: false,
             disk_full: false,
             shutdown_checkpoint_lsn: None,
+            parameters: None,
+            pending_restart: Vec::new(),
             archiving: None,
         }
     }

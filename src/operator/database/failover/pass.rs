@@ -106,7 +106,12 @@ pub fn needs_lease(database: &DatabaseService, pods: &[Arc<Pod>], health: &[PodH
     status.target_primary.as_deref() != current || switchover_request(database).is_some() || !primary_healthy
 }
 
-fn instance_statuses(instances: &[InstanceObservation], lease: Option<&LeaseRecord>) -> Vec<InstanceStatus> {
+fn instance_statuses(
+    database: &DatabaseService,
+    instances: &[InstanceObservation],
+    lease: Option<&LeaseRecord>,
+) -> Vec<InstanceStatus> {
+    let wanted_parameters = crate::api::postgresql::fingerprint(&database.spec.parameters());
     instances
         .iter()
         .map(|instance| {
@@ -130,6 +135,12 @@ fn instance_statuses(instances: &[InstanceObservation], lease: Option<&LeaseReco
                 streaming: report.is_some_and(|report| report.wal_receiver),
                 lag_bytes,
                 timeline: report.map(|report| report.timeline).filter(|timeline| *timeline > 0),
+                parameters_applied: report
+                    .and_then(|report| report.parameters.as_ref())
+                    .map(|applied| *applied == wanted_parameters),
+                pending_restart: report
+                    .map(|report| report.pending_restart.iter().take(64).cloned().collect())
+                    .unwrap_or_default(),
             }
         })
         .collect()
@@ -189,7 +200,7 @@ pub fn decide_failover(
         // once it has been healthy.
         current.timeline = healthy_primary_timeline(&instances, current.current_primary.as_ref());
         let reported = instances.iter().any(|instance| instance.report.is_some());
-        status.instances = if reported { instance_statuses(&instances, lease) } else { Vec::new() };
+        status.instances = if reported { instance_statuses(database, &instances, lease) } else { Vec::new() };
         status.failover = current.clone();
         return FailoverOutcome {
             primary: current.current_primary,
@@ -245,7 +256,7 @@ pub fn decide_failover(
     let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
     outcome.primary = next.current_primary.clone().filter(|_| settled);
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
-    status.instances = instance_statuses(&instances, lease);
+    status.instances = instance_statuses(database, &instances, lease);
     status.failover = next;
     outcome
 }

@@ -26,6 +26,8 @@ fn primary_report() -> InstanceReport {
         disk_full: false,
         archiving: None,
         shutdown_checkpoint_lsn: None,
+        parameters: None,
+        pending_restart: Vec::new(),
     }
 }
 

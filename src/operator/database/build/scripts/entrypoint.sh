@@ -312,9 +312,13 @@ standalone_init_primary() {
 	log "initializing new database cluster in $PGDATA"
 	mkdir -p "$PGDATA"
 	chmod 700 "$PGDATA"
+	# POSTGRES_INITDB_ARGS (spec.bootstrap.initdb, checked at admission to plain words) splits
+	# into its options, as the official image's entrypoint splits it.
+	local initdb_args=()
+	read -r -a initdb_args <<<"${POSTGRES_INITDB_ARGS:-}"
 	initdb -D "$PGDATA" --username="$POSTGRES_USER" \
 		--pwfile=<(printf '%s\n' "$POSTGRES_PASSWORD") \
-		--auth-local=trust --auth-host=scram-sha-256 >/dev/null
+		--auth-local=trust --auth-host=scram-sha-256 "${initdb_args[@]}" >/dev/null
 	printf '\nhost all all all scram-sha-256\n' >>"$PGDATA/pg_hba.conf"
 
 	local temp_opts=(-c "listen_addresses=" -p "$PGPORT")
