@@ -37,9 +37,17 @@ async fn a_standby_away_while_the_primary_recycled_its_wal_catches_up_through_it
     let mut cluster =
         Cluster::start_with_server_settings(pg_bin, &["db-0", "db-1"], Default::default(), &settings).await;
     wait_for_slots(&cluster, "db-0", &[("dbsvc_db_1", true)]).await;
+    // A slot holds WAL from the first position its standby confirmed (the WAL receiver reports
+    // every `wal_receiver_status_interval`); before that it keeps nothing.
+    let primary = cluster.port("db-0");
+    let confirmed = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'dbsvc_db_1' AND restart_lsn IS NOT NULL";
+    cluster
+        .wait_for("the standby to confirm a position through its slot", Duration::from_secs(60), async || {
+            loopback::query(primary, confirmed).await.is_ok_and(|rows| rows.len() == 1)
+        })
+        .await;
 
     cluster.delete_pod("db-1").await;
-    let primary = cluster.port("db-0");
     // The segment holding the first byte the standby has not received (`+ 1`: the name of a
     // segment boundary is the segment before it).
     let needed = "SELECT pg_walfile_name(restart_lsn + 1) FROM pg_replication_slots WHERE slot_name = 'dbsvc_db_1'";

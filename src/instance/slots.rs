@@ -9,7 +9,9 @@
 //! replication connection it streams with), so that it works with a primary whatever version of
 //! the agent runs there and right after a failover. Every server drops the inactive slots nobody
 //! should use: a primary keeps those of the database's other instances, a standby none (a slot
-//! left from the time it was primary would hold its WAL back).
+//! left from the time it was primary would hold its WAL back). A slot made this way holds WAL from
+//! the first position its standby confirms (within `wal_receiver_status_interval` of streaming
+//! through it); until then `wal_keep_size` and the archive are what a standby can fall back on.
 
 use crate::instance::standby::{self, StandbyError};
 use crate::instance::{InstanceConfig, Upstream};
