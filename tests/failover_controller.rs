@@ -41,6 +41,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         shutdown_checkpoint_lsn: None,
         parameters: None,
         pending_restart: Vec::new(),
+        declared: None,
     }
 }
 

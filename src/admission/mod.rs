@@ -12,6 +12,7 @@ pub mod placement_validation;
 pub mod postgresql_validation;
 pub mod recovery_source;
 pub mod review;
+pub mod roles_validation;
 pub mod secret_access;
 pub mod server;
 pub mod tls;

@@ -5,7 +5,8 @@
 //! and every Secret an UPDATE newly names, must be readable by the requesting user: the webhook asks
 //! the apiserver with a SubjectAccessReview carrying the request's user info, before any Secret is
 //! read or any store contacted, and denies otherwise. The same holds for the server certificate
-//! Secret (`spec.tls.serverCertificateSecret`): the pods mount it.
+//! Secret (`spec.tls.serverCertificateSecret`): the pods mount it; and for the password Secrets of
+//! `spec.roles`: the agents read them.
 
 use crate::admission::field_error::{FieldError, FieldErrorKind};
 use crate::admission::review::UserInfo;
@@ -50,6 +51,15 @@ pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     // The pods mount it, so whoever runs the database's image could read its key.
     if let Some(secret) = spec.user_server_certificate() {
         references.push(SecretReference { field: "spec.tls.serverCertificateSecret".into(), name: secret.into() });
+    }
+    // The agents read it and set it as a role's password.
+    for (index, role) in spec.roles.iter().enumerate() {
+        if let Some(secret) = &role.password_secret {
+            references.push(SecretReference {
+                field: format!("spec.roles[{index}].passwordSecret.name"),
+                name: secret.name.clone(),
+            });
+        }
     }
     references
 }

@@ -151,6 +151,9 @@ pub fn validate(
             &mut postgresql_warnings,
         );
     }
+    let major =
+        major_version(&spec.version).filter(|major| (OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(major));
+    crate::admission::roles_validation::validate_declarations(spec, major, &mut outcome.errors);
     if let Some(initdb) = spec.initdb() {
         let recovering = spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
         crate::admission::postgresql_validation::validate_initdb(initdb, recovering, &mut outcome.errors);

@@ -92,6 +92,14 @@ pub struct DatabaseServiceSpec {
     /// PostgreSQL's own configuration: server parameters and extra pg_hba rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgresql: Option<crate::api::postgresql::PostgresqlSpec>,
+    /// Roles kept beside the application's (`spec.username`) by the primary's agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub roles: Vec<crate::api::roles::RoleSpec>,
+    /// Databases kept beside the application's (`spec.databaseName`) by the primary's agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub databases: Vec<crate::api::roles::DatabaseSpec>,
     /// Scheduling of the instances: affinity, tolerations, node selector, topology spread,
     /// priority class, and the PodDisruptionBudgets.
     #[serde(flatten)]
@@ -216,6 +224,9 @@ pub struct DatabaseServiceStatus {
     /// instance reports it: phase, backup, target, timings, the last error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<crate::api::recovery::RecoveryStatus>,
+    /// What the primary's agent last did with `spec.roles` and `spec.databases`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<crate::api::roles::DeclaredObjectsStatus>,
 }
 
 fn is_zero(value: &i32) -> bool {
@@ -268,6 +279,15 @@ impl DatabaseServiceSpec {
     /// `spec.postgresql.pgHba` (empty when unset).
     pub fn hba_rules(&self) -> &[String] {
         self.postgresql.as_ref().map_or(&[], |postgresql| postgresql.pg_hba.as_slice())
+    }
+
+    /// `spec.roles` and `spec.databases` with the application's role.
+    pub fn declarations(&self) -> crate::api::roles::Declarations {
+        crate::api::roles::Declarations {
+            roles: self.roles.clone(),
+            databases: self.databases.clone(),
+            application_user: self.username.clone(),
+        }
     }
 
     /// `spec.bootstrap.initdb`, when set.

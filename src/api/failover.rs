@@ -66,6 +66,10 @@ pub struct InstanceReport {
     /// restart (`pg_settings.pending_restart`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_restart: Vec<String>,
+    /// A primary's last pass over `spec.roles` and `spec.databases` (see
+    /// `instance::declared`); absent on standbys and before the first pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<crate::api::roles::DeclaredObjectsStatus>,
 }
 
 /// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.

@@ -14,6 +14,7 @@ pub mod placement;
 pub mod pod;
 pub mod postgresql;
 pub mod recovery;
+pub mod roles;
 pub mod synchronous;
 pub mod version;
 pub mod yaml;

@@ -96,14 +96,14 @@ pub fn restart_parameters(major: u32, parameters: &BTreeMap<String, String>) -> 
 /// A fingerprint of `parameters` that stays the same across versions of this binary (FNV-1a,
 /// 64 bits, as 16 hex digits): the agent reports the one it applied, the operator compares.
 pub fn fingerprint(parameters: &BTreeMap<String, String>) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (name, value) in parameters {
-        for byte in name.bytes().chain([0]).chain(value.bytes()).chain([0]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{hash:016x}")
+    let bytes: Vec<u8> =
+        parameters.iter().flat_map(|(name, value)| name.bytes().chain([0]).chain(value.bytes()).chain([0])).collect();
+    format!("{:016x}", fnv1a(&bytes))
+}
+
+/// FNV-1a, 64 bits: a hash that stays the same across versions of this binary and of Rust.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// A value quoted for a PostgreSQL configuration file (quotes doubled, backslashes escaped).

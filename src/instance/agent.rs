@@ -4,6 +4,7 @@
 use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
+use crate::instance::declared::DeclaredKeeper;
 use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
@@ -12,6 +13,7 @@ use crate::instance::slots::{self, StandbySlot};
 use crate::instance::standby::{self, StandbyError};
 use crate::instance::tls::CertificateWatch;
 use crate::instance::watchdog::{FenceFile, Watchdog};
+use crate::instance::SecretReader;
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
@@ -87,6 +89,10 @@ pub struct Agent<C> {
     slots_checked: Option<Instant>,
     /// `spec.postgresql` in the data directory and the running server.
     configuration: ConfigurationKeeper,
+    /// `spec.roles` and `spec.databases`, kept by a primary.
+    declared: DeclaredKeeper,
+    /// Where the declared roles' passwords are read.
+    secrets: SecretReader,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -152,7 +158,15 @@ impl<C: ControlPlane> Agent<C> {
             slot: StandbySlot::default(),
             slots_checked: None,
             configuration: ConfigurationKeeper::default(),
+            declared: DeclaredKeeper::default(),
+            secrets: SecretReader::default(),
         }
+    }
+
+    /// Reads the declared roles' password Secrets through `secrets` (none by default).
+    pub fn with_secrets(mut self, secrets: SecretReader) -> Self {
+        self.secrets = secrets;
+        self
     }
 
     /// Process id of the postmaster, while it runs.
@@ -261,8 +275,13 @@ impl<C: ControlPlane> Agent<C> {
         if matches!(local, LocalState::Ready(_)) {
             self.configuration.keep(&self.config, &mut self.postgres).await;
         }
+        self.declared.want(desired.declarations.as_ref());
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
             self.roles.keep(&self.config);
+            // Declared roles may be owned by or granted the application's role: once it is kept.
+            if self.roles.done() || self.config.roles.is_none() {
+                self.declared.keep(&self.config, &self.secrets);
+            }
         }
         if let LocalState::Ready(sample) = &local {
             self.drop_obsolete_slots(!sample.in_recovery, &desired.instances).await;
@@ -400,6 +419,7 @@ impl<C: ControlPlane> Agent<C> {
             shutdown_checkpoint_lsn: self.shutdown_checkpoint.filter(|_| !ready),
             parameters: self.configuration.applied_fingerprint(),
             pending_restart: self.configuration.pending_restart(),
+            declared: self.declared.status().cloned().filter(|_| role == Role::Primary),
         }
     }
 

@@ -47,6 +47,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         synchronous_standby_names: None,
         instances: Vec::new(),
         configuration: None,
+        declarations: None,
     }
 }
 
@@ -183,6 +184,7 @@ impl ControlPlane for KubeControlPlane {
             parameters: database.spec.parameters(),
             hba_rules: database.spec.hba_rules().to_vec(),
         });
+        desired.declarations = Some(database.spec.declarations());
         Ok(desired)
     }
 
@@ -258,6 +260,7 @@ mod tests {
                 synchronous_standby_names: None,
                 instances: Vec::new(),
                 configuration: None,
+                declarations: None,
             }
         );
     }

@@ -11,18 +11,22 @@ mod agent;
 pub mod archiving;
 pub mod args;
 pub mod configuration;
+pub mod declared;
 pub mod hba;
 pub mod kubernetes;
 pub mod postgres;
 pub mod recovery;
 pub mod roles;
 pub mod run;
+pub mod scram;
+pub mod secrets;
 pub mod slots;
 pub mod standby;
 pub mod tls;
 pub mod watchdog;
 
 pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT, UNRESPONSIVE_QUERIES};
+pub use secrets::SecretReader;
 
 use crate::instance::args::{InstanceArgs, InstanceCommand};
 
@@ -125,6 +129,8 @@ pub struct Desired {
     pub instances: Vec<String>,
     /// `spec.postgresql` as the server should run it; None when unknown (the configuration stays).
     pub configuration: Option<ServerConfiguration>,
+    /// `spec.roles` and `spec.databases`, kept by a primary; None when unknown (the last ones stay).
+    pub declarations: Option<crate::api::roles::Declarations>,
 }
 
 /// The server configuration the user asked for (`spec.postgresql`).

@@ -26,7 +26,7 @@ pub const MIGRATION_ROLE: &str = "dbservice_migration";
 const FIRST_USER_OID: u32 = 16_384;
 
 /// Longest wait for a connection or one statement.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The roles the agent keeps on the primary.
 #[derive(Clone, Debug)]
@@ -88,17 +88,17 @@ pub struct RolesKept {
 }
 
 /// An SQL identifier.
-fn identifier(name: &str) -> String {
+pub(crate) fn identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// An SQL string literal (standard_conforming_strings is on since PostgreSQL 9.1).
-fn literal(value: &str) -> String {
+pub(crate) fn literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
 /// Statements that must not be logged, even when they fail (they carry a password).
-fn unlogged(statements: &[String]) -> String {
+pub(crate) fn unlogged(statements: &[String]) -> String {
     let mut all = vec![
         "SET log_statement = 'none'".to_string(),
         "SET log_min_error_statement = 'panic'".to_string(),
@@ -147,7 +147,7 @@ $transfer$"#
     )
 }
 
-async fn connect(config: &InstanceConfig, user: &str, database: &str) -> Result<Client, KeepRolesError> {
+pub(crate) async fn connect(config: &InstanceConfig, user: &str, database: &str) -> Result<Client, KeepRolesError> {
     let mut pg_config = tokio_postgres::Config::new();
     pg_config
         .host_path(&config.socket_dir)
@@ -168,7 +168,7 @@ async fn connect(config: &InstanceConfig, user: &str, database: &str) -> Result<
 }
 
 /// The server's message of an error (its Display says only "db error").
-fn detail(error: &tokio_postgres::Error) -> String {
+pub(crate) fn detail(error: &tokio_postgres::Error) -> String {
     error.as_db_error().map(|db| db.message().to_string()).unwrap_or_else(|| error.to_string())
 }
 
@@ -177,7 +177,7 @@ fn role_missing(error: &KeepRolesError) -> bool {
     matches!(error, KeepRolesError::Connect { detail, .. } if detail.contains("does not exist") && detail.contains("role"))
 }
 
-async fn run(client: &Client, step: &'static str, statements: &str) -> Result<(), KeepRolesError> {
+pub(crate) async fn run(client: &Client, step: &'static str, statements: &str) -> Result<(), KeepRolesError> {
     tokio::time::timeout(STATEMENT_TIMEOUT, client.batch_execute(statements))
         .await
         .map_err(|_| KeepRolesError::Timeout(step))?
@@ -355,6 +355,11 @@ impl RolesKeeper {
         }
         self.done = false;
         self.retry_at = None;
+    }
+
+    /// Whether the roles were kept since the server's start.
+    pub fn done(&self) -> bool {
+        self.done
     }
 
     /// Called on every step of a ready primary: starts the run, or looks at its outcome.

@@ -230,6 +230,10 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_from(kube_config.clone()).context("Kubernetes client")?;
     kube_config.read_timeout = Some(crate::client::READ_TIMEOUT);
     let watch_client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
+    let secrets = crate::instance::SecretReader::Api {
+        secrets: Box::new(kube::Api::namespaced(client.clone(), &args.namespace)),
+        timeout: CALL_TIMEOUT,
+    };
     let control_plane = KubeControlPlane::new(
         client,
         watch_client,
@@ -253,7 +257,7 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
     });
     bootstrap(&args, &config, &control_plane, &mut stop).await?;
     tracing::info!(instance = %args.pod, writes_per_second = config.lease.writes_per_second(), "instance agent running");
-    Agent::new(config, control_plane).run(stop).await;
+    Agent::new(config, control_plane).with_secrets(secrets).run(stop).await;
     Ok(())
 }
 

@@ -35,6 +35,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         shutdown_checkpoint_lsn: None,
         parameters: None,
         pending_restart: Vec::new(),
+        declared: None,
         archiving: Some(archiving),
     }
 }

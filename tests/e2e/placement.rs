@@ -181,6 +181,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         shutdown_checkpoint_lsn: None,
         parameters: None,
         pending_restart: Vec::new(),
+        declared: None,
         archiving: None,
     }
 }

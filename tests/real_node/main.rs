@@ -22,6 +22,7 @@ mod operator;
 mod ports;
 mod postgres;
 mod recovery;
+mod roles;
 mod rolling;
 mod security;
 #[allow(dead_code)]

@@ -131,6 +131,10 @@ pub struct World {
     pub publishes: u64,
     /// spec.postgresql as the agents see it (None: unknown, their configuration stays).
     pub configuration: Option<dbservice_operator::instance::ServerConfiguration>,
+    /// spec.roles and spec.databases as the agents see them.
+    pub declarations: Option<dbservice_operator::api::roles::Declarations>,
+    /// The Secrets the agents may read (the declared roles' passwords).
+    pub secrets: dbservice_operator::instance::SecretReader,
 }
 
 pub type SharedWorld = Arc<Mutex<World>>;
@@ -182,6 +186,7 @@ impl ControlPlane for MemoryControlPlane {
             synchronous_standby_names: Some(synchronous),
             instances,
             configuration: world.configuration.clone(),
+            declarations: world.declarations.clone(),
         })
     }
 
@@ -502,7 +507,8 @@ impl Cluster {
 
     pub fn start_agent(&mut self, name: &str) {
         let control_plane = MemoryControlPlane { world: self.world.clone(), name: name.to_string() };
-        let agent = Agent::new(self.configs[name].clone(), control_plane);
+        let secrets = self.world.lock().unwrap().secrets.clone();
+        let agent = Agent::new(self.configs[name].clone(), control_plane).with_secrets(secrets);
         let (stop, stopped) = watch::channel(false);
         self.agents.insert(name.to_string(), (stop, tokio::spawn(agent.run(stopped))));
     }

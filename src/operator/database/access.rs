@@ -44,6 +44,13 @@ fn rule(group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> Poli
     }
 }
 
+/// `get` on the password Secrets `spec.roles` names (the primary's agent sets them as the roles'
+/// passwords); admission checked that the author may read them.
+fn password_secrets_rule(database: &DatabaseService) -> Option<PolicyRule> {
+    let names = crate::api::roles::Declarations::password_secrets(&database.spec.roles);
+    (!names.is_empty()).then(|| rule("", "secrets", names, &["get"]))
+}
+
 /// Builds the agents' access for `database`. The pod names cover every possible instance, so the
 /// Role does not change when the database scales.
 pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
@@ -58,15 +65,20 @@ pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
         },
         role: Role {
             metadata: metadata(database, account.clone()),
-            rules: Some(vec![
-                // The operator's wishes: status.currentPrimary/targetPrimary, the fencing annotation,
-                // watched (list and watch with a metadata.name field selector: this object only).
-                rule(GROUP, "databaseservices", vec![name.clone()], &["get", "list", "watch"]),
-                // The report annotation on the instance's own pod (patch; get for kubectl-like reads).
-                rule("", "pods", pods, &["get", "patch"]),
-                // The primary Lease: compare-and-swap with update (resourceVersion).
-                rule("coordination.k8s.io", "leases", vec![primary_lease_name(&name)], &["get", "update"]),
-            ]),
+            rules: Some(
+                vec![
+                    // The operator's wishes: status.currentPrimary/targetPrimary, the fencing annotation,
+                    // watched (list and watch with a metadata.name field selector: this object only).
+                    rule(GROUP, "databaseservices", vec![name.clone()], &["get", "list", "watch"]),
+                    // The report annotation on the instance's own pod (patch; get for kubectl-like reads).
+                    rule("", "pods", pods, &["get", "patch"]),
+                    // The primary Lease: compare-and-swap with update (resourceVersion).
+                    rule("coordination.k8s.io", "leases", vec![primary_lease_name(&name)], &["get", "update"]),
+                ]
+                .into_iter()
+                .chain(password_secrets_rule(database))
+                .collect(),
+            ),
         },
         role_binding: RoleBinding {
             metadata: metadata(database, account.clone()),
@@ -109,5 +121,31 @@ mod tests {
         assert_eq!(rules[2].resource_names.as_deref(), Some(&["db-primary".to_string()][..]));
         assert_eq!(access.role_binding.subjects.unwrap()[0].name, "db-instance");
         assert_eq!(access.lease.metadata.name.as_deref(), Some("db-primary"));
+    }
+
+    #[test]
+    fn agents_may_get_exactly_the_password_secrets_the_roles_name() {
+        use crate::api::roles::{PasswordSecret, RoleSpec};
+        let secret = |name: &str| Some(PasswordSecret { name: name.into(), key: Some("key".into()) });
+        let mut database = DatabaseService::new("db", Default::default());
+        database.metadata.namespace = Some("ns".into());
+        database.metadata.uid = Some("uid".into());
+        assert!(instance_access(&database)
+            .role
+            .rules
+            .unwrap()
+            .iter()
+            .all(|rule| rule.resources.as_deref() != Some(&["secrets".to_string()][..])));
+        database.spec.roles = vec![
+            RoleSpec { name: "a".into(), password_secret: secret("shared"), ..Default::default() },
+            RoleSpec { name: "b".into(), password_secret: secret("shared"), ..Default::default() },
+            RoleSpec { name: "c".into(), password_secret: secret("own"), ..Default::default() },
+            RoleSpec { name: "d".into(), ..Default::default() },
+        ];
+        let rules = instance_access(&database).role.rules.unwrap();
+        let secrets =
+            rules.iter().find(|rule| rule.resources.as_deref() == Some(&["secrets".to_string()][..])).unwrap();
+        assert_eq!(secrets.resource_names.as_deref(), Some(&["own".to_string(), "shared".to_string()][..]));
+        assert_eq!(secrets.verbs, vec!["get".to_string()]);
     }
 }

@@ -76,6 +76,7 @@ mod tests {
             shutdown_checkpoint_lsn: None,
             parameters: None,
             pending_restart: Vec::new(),
+            declared: None,
             archiving: None,
         }
     }

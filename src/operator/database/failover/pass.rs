@@ -257,6 +257,15 @@ pub fn decide_failover(
     outcome.primary = next.current_primary.clone().filter(|_| settled);
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
     status.instances = instance_statuses(database, &instances, lease);
+    // The primary's agent keeps spec.roles and spec.databases; its last pass is the status.
+    if let Some(declared) = instances
+        .iter()
+        .find(|instance| Some(&instance.name) == next.current_primary.as_ref())
+        .and_then(|instance| instance.report.as_ref())
+        .and_then(|report| report.declared.clone())
+    {
+        status.declared = Some(declared);
+    }
     status.failover = next;
     outcome
 }

@@ -28,6 +28,7 @@ fn primary_report() -> InstanceReport {
         shutdown_checkpoint_lsn: None,
         parameters: None,
         pending_restart: Vec::new(),
+        declared: None,
     }
 }
 
