@@ -29,6 +29,10 @@ pub enum Command {
     Certs(CertsArgs),
     /// Print the history of a DatabaseService and its current status.
     Ledger(LedgerArgs),
+    /// One screen on a DatabaseService: instances, primary, lag, timeline, archiving, backups,
+    /// certificates, roles and the recent ledger (`kubectl dbservice status NAME` when installed
+    /// as `kubectl-dbservice`).
+    Status(LedgerArgs),
     /// Instance agent commands, run inside a PostgreSQL pod.
     Instance(InstanceArgs),
     /// PostgreSQL's archive_command: `wal-archive %p %f` uploads one WAL file to the object store.

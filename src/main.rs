@@ -90,6 +90,7 @@ async fn main() {
             dbservice_operator::store::commands::prune_command(args).await.map_err(Into::into)
         }
         Some(Command::Backups(args)) => run::backups(args).await,
+        Some(Command::Status(args)) => run::status(args).await,
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);
             run::ledger(args).await

@@ -196,6 +196,15 @@ pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
     Ok(crate::store::inventory::print_backups(client, &args.namespace, &args.name).await?)
 }
 
+/// `dbservice-operator status NAME -n NAMESPACE`.
+pub async fn status(args: LedgerArgs) -> anyhow::Result<()> {
+    use crate::operator::status_view::{read, render};
+    install_crypto_provider();
+    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
+    print!("{}", render(&read(client, &args.namespace, &args.name).await?));
+    Ok(())
+}
+
 /// `dbservice-operator ledger NAME -n NAMESPACE`.
 pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::api::database_service::DatabaseService;

@@ -15,4 +15,5 @@ pub mod leader;
 pub mod ledger;
 pub mod publish;
 pub mod server_side_apply;
+pub mod status_view;
 pub mod wiring;

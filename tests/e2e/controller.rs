@@ -159,6 +159,36 @@ async fn children_are_created_and_the_database_becomes_ready() {
         !printed.contains(&String::from_utf8_lossy(&data["password"].0).to_string()),
         "the ledger must never show the password"
     );
+    // The status view: the same object for people, the ledger's newest entries included.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+        .args(["status", "orders", "-n", ns])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    for expected in [
+        &format!("DatabaseService {ns}/orders"),
+        "phase: Running",
+        "ready: 2/2",
+        "Instances",
+        "Certificates",
+        "Recent ledger",
+        "Created",
+    ] {
+        assert!(printed.contains(expected), "{expected:?} missing from:\n{printed}");
+    }
+    assert!(
+        !printed.contains(&String::from_utf8_lossy(&data["password"].0).to_string()),
+        "the status view must never show the password"
+    );
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+        .args(["status", "no-such-database", "-n", ns])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no DatabaseService \"no-such-database\""));
 }
 
 #[tokio::test]

@@ -95,6 +95,16 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
     .await;
     assert_eq!(states.len(), 3, "{states:?}");
     assert_eq!(login(ns, "reporting", "first-password", "analytics"), Ok(()));
+    // The status view shows them as people read them.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+        .args(["status", DATABASE, "-n", ns])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().unwrap())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(printed.contains("role     reporting") && printed.contains("database analytics"), "{printed}");
+    assert!(printed.contains(&format!("primary: {POD}")) && !printed.contains("first-password"), "{printed}");
     let facts = "SELECT r.rolconnlimit || ',' || pg_has_role('reporting', 'readers', 'MEMBER') || ',' \
         || (SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'analytics') \
         FROM pg_roles r WHERE r.rolname = 'reporting'";
