@@ -3,6 +3,8 @@
 
 /// PostgreSQL port.
 pub const POSTGRES_PORT: i32 = 5432;
+/// Port of the instance agent's `/metrics` (PostgreSQL in Prometheus; 9187 as postgres_exporter).
+pub const METRICS_PORT: i32 = 9187;
 /// Where the credentials Secret's passwords are mounted as files (application, replication).
 pub const CREDENTIALS_DIRECTORY: &str = "/dbservice/credentials";
 /// Where the replication Secret's password is mounted as a file.

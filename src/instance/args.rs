@@ -95,6 +95,9 @@ pub struct InstanceRunArgs {
     /// Primary Lease renew deadline in seconds (the holder fences itself after it).
     #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_DEADLINE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=300))]
     pub renew_deadline_seconds: u64,
+    /// Address of `/metrics` (PostgreSQL in Prometheus, OpenMetrics).
+    #[arg(long, env = "DBSERVICE_METRICS_ADDRESS", default_value = "0.0.0.0:9187")]
+    pub metrics_address: std::net::SocketAddr,
     /// Primary Lease renew period in seconds: the only periodic API write of a database.
     #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_PERIOD_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub renew_period_seconds: u64,

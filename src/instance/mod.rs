@@ -14,6 +14,7 @@ pub mod configuration;
 pub mod declared;
 pub mod hba;
 pub mod kubernetes;
+pub mod metrics;
 pub mod postgres;
 pub mod recovery;
 pub mod roles;

@@ -255,6 +255,12 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
         tracing::info!("terminating: stopping PostgreSQL cleanly");
         let _ = stop_sender.send(true);
     });
+    let metrics = crate::admission::server::bind(args.metrics_address, "--metrics-address").await?;
+    tokio::spawn(crate::admission::server::serve_plain(
+        metrics,
+        crate::instance::metrics::router(config.clone()),
+        stop.clone(),
+    ));
     bootstrap(&args, &config, &control_plane, &mut stop).await?;
     tracing::info!(instance = %args.pod, writes_per_second = config.lease.writes_per_second(), "instance agent running");
     Agent::new(config, control_plane).with_secrets(secrets).run(stop).await;

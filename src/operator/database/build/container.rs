@@ -4,7 +4,7 @@
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::{
-    AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, OPERATOR_BINARY, PGDATA, POSTGRES_PORT,
+    AGENT_DIRECTORY, AGENT_INIT_CONTAINER, CREDENTIALS_DIRECTORY, METRICS_PORT, OPERATOR_BINARY, PGDATA, POSTGRES_PORT,
     REPLICATION_DIRECTORY, REPLICATION_USER, SUPERUSER, SUPERUSER_DIRECTORY, TLS_DIRECTORY,
 };
 use crate::operator::database::build::environment::{field_env, plain_env, secret_env};
@@ -62,12 +62,19 @@ pub fn postgres_container(database: &DatabaseService, inputs: &WorkloadInputs) -
         name: "postgres".into(),
         image: Some(inputs.image.clone()),
         command: Some(vec!["/bin/bash".into(), "/scripts/entrypoint.sh".into()]),
-        ports: Some(vec![ContainerPort {
-            name: Some("postgres".into()),
-            container_port: POSTGRES_PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(
+            [("postgres", POSTGRES_PORT)]
+                .into_iter()
+                // The agent serves PostgreSQL's metrics.
+                .chain(with_agent.then_some(("metrics", METRICS_PORT)))
+                .map(|(name, port)| ContainerPort {
+                    name: Some(name.into()),
+                    container_port: port,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
         env: Some(postgres_environment(database, with_agent)),
         readiness_probe: Some(readiness_probe()),
         liveness_probe: liveness_probe(with_agent),

@@ -1,11 +1,12 @@
 //! Build (pure): the database pods' NetworkPolicy, when the operator is asked for one
 //! (`--database-network-policies`): PostgreSQL's port open to the database's own pods (streaming,
 //! cloning, rewinding) and to the namespace's pods the client selector matches (all of them when
-//! it is empty: backup Jobs are among them), nothing else.
+//! it is empty: backup Jobs are among them), the agent's metrics port to every pod of the cluster
+//! (Prometheus usually runs in a namespace of its own; the metrics carry no secret), nothing else.
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::{selector_labels, INSTANCE_LABEL};
-use crate::api::pod::POSTGRES_PORT;
+use crate::api::pod::{METRICS_PORT, POSTGRES_PORT};
 use crate::operator::database::build::metadata;
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort, NetworkPolicySpec,
@@ -24,19 +25,29 @@ pub fn network_policy(database: &DatabaseService, clients: &BTreeMap<String, Str
         ..Default::default()
     };
     let siblings = peer([(INSTANCE_LABEL.to_string(), name.clone())].into());
+    let port = |number| {
+        Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(number)),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }])
+    };
+    let every_namespace = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector::default()),
+        ..Default::default()
+    };
     NetworkPolicy {
         metadata: metadata(database, name.clone()),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector { match_labels: Some(selector_labels(&name)), ..Default::default() }),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![siblings, peer(clients.clone())]),
-                ports: Some(vec![NetworkPolicyPort {
-                    port: Some(IntOrString::Int(POSTGRES_PORT)),
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-            }]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![siblings, peer(clients.clone())]),
+                    ports: port(POSTGRES_PORT),
+                },
+                NetworkPolicyIngressRule { from: Some(vec![every_namespace]), ports: port(METRICS_PORT) },
+            ]),
             ..Default::default()
         }),
     }
@@ -56,7 +67,10 @@ mod tests {
         assert_eq!(spec.pod_selector.unwrap().match_labels.unwrap()[INSTANCE_LABEL], "orders");
         assert_eq!(spec.policy_types.unwrap(), ["Ingress"]);
         let rules = spec.ingress.unwrap();
-        assert_eq!(rules.len(), 1);
+        assert_eq!(rules.len(), 2);
+        // The metrics port, from anywhere in the cluster (Prometheus).
+        assert_eq!(rules[1].ports.clone().unwrap()[0].port, Some(IntOrString::Int(METRICS_PORT)));
+        assert!(rules[1].from.clone().unwrap()[0].namespace_selector.is_some());
         let from = rules[0].from.clone().unwrap();
         let selected: Vec<BTreeMap<String, String>> =
             from.iter().map(|peer| peer.pod_selector.clone().unwrap().match_labels.unwrap()).collect();

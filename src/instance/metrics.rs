@@ -1,0 +1,323 @@
+//! PostgreSQL itself in Prometheus (issue 23): the agent serves `/metrics` (OpenMetrics) from its
+//! own server: up, role, timeline, replication lag per standby (bytes and seconds), WAL written,
+//! the archiver, connections by state and the limit, database sizes, transaction ID age
+//! (wraparound), checkpoints, deadlocks and the longest open transaction.
+//!
+//! Each scrape is bounded: one scrape at a time, its result reused for [`MIN_SCRAPE_INTERVAL`]
+//! (many scrapers cost one), one connection over the unix socket with a statement timeout and a
+//! deadline for the whole scrape; a query that fails costs only its family
+//! (`dbservice_postgres_scrape_errors`).
+
+use crate::instance::postgres::{free_bytes, volume_bytes};
+use crate::instance::roles::connect;
+use crate::instance::InstanceConfig;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Client;
+
+/// A scrape within this long of the last one gets the last one's text.
+pub const MIN_SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest scrape (Prometheus' default scrape timeout is 10 s).
+pub const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
+/// statement_timeout of the scrape's queries.
+const STATEMENT_TIMEOUT_MILLISECONDS: u32 = 2_000;
+/// The OpenMetrics content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Every family the agent may export (counters without `_total`): the chart's alerts and
+/// dashboard may name only these (tests/chart_monitoring.rs).
+pub const METRIC_NAMES: &[&str] = &[
+    "dbservice_instance_volume_free_bytes",
+    "dbservice_instance_volume_size_bytes",
+    "dbservice_postgres_archive_failures",
+    "dbservice_postgres_archived_wal",
+    "dbservice_postgres_checkpoints",
+    "dbservice_postgres_connections",
+    "dbservice_postgres_database_size_bytes",
+    "dbservice_postgres_deadlocks",
+    "dbservice_postgres_last_archive_failed",
+    "dbservice_postgres_last_archived_age_seconds",
+    "dbservice_postgres_longest_transaction_seconds",
+    "dbservice_postgres_max_connections",
+    "dbservice_postgres_primary",
+    "dbservice_postgres_replication_lag_bytes",
+    "dbservice_postgres_replication_lag_seconds",
+    "dbservice_postgres_replication_streaming",
+    "dbservice_postgres_scrape_errors",
+    "dbservice_postgres_server_version",
+    "dbservice_postgres_standby_replay_delay_seconds",
+    "dbservice_postgres_timeline",
+    "dbservice_postgres_transaction_id_age",
+    "dbservice_postgres_up",
+    "dbservice_postgres_wal_receiver_streaming",
+    "dbservice_postgres_wal_written_bytes",
+];
+
+/// Gauge or counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    /// A value that goes up and down.
+    Gauge,
+    /// A value that only grows (its samples end in `_total`).
+    Counter,
+}
+
+/// One metric family and its samples (labels, value).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Family {
+    /// Name without `_total`.
+    pub name: &'static str,
+    /// HELP text.
+    pub help: &'static str,
+    /// Its kind.
+    pub kind: MetricKind,
+    /// Samples.
+    pub samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Family {
+    fn gauge(name: &'static str, help: &'static str, value: f64) -> Self {
+        Family { name, help, kind: MetricKind::Gauge, samples: vec![(Vec::new(), value)] }
+    }
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The families as OpenMetrics text, ending with `# EOF`.
+pub fn render(families: &[Family]) -> String {
+    let mut out = String::new();
+    for family in families {
+        let (kind, suffix) = match family.kind {
+            MetricKind::Gauge => ("gauge", ""),
+            MetricKind::Counter => ("counter", "_total"),
+        };
+        let _ = writeln!(out, "# TYPE {} {kind}\n# HELP {} {}", family.name, family.name, family.help);
+        for (labels, value) in &family.samples {
+            let labels = if labels.is_empty() {
+                String::new()
+            } else {
+                let pairs: Vec<String> =
+                    labels.iter().map(|(name, value)| format!("{name}=\"{}\"", escape(value))).collect();
+                format!("{{{}}}", pairs.join(","))
+            };
+            let _ = writeln!(out, "{}{suffix}{labels} {value}", family.name);
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+/// One query's rows, or why not.
+async fn rows(client: &Client, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let parameters: &[&(dyn ToSql + Sync)] = &[];
+    client.query(sql, parameters).await
+}
+
+/// A family per query: (name, help, kind, SQL returning (label value?, value), label name, primary
+/// only). Values are cast to float8 in SQL so one reader fits all.
+struct Query {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricKind,
+    sql: &'static str,
+    label: Option<&'static str>,
+    primary_only: bool,
+}
+
+const QUERIES: &[Query] = &[
+    Query { name: "dbservice_postgres_replication_lag_bytes", help: "WAL the standby has not replayed yet, per standby (on the primary)", kind: MetricKind::Gauge,
+        sql: "SELECT application_name::text, COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), 0)::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+    Query { name: "dbservice_postgres_replication_lag_seconds", help: "Replay lag per standby as the primary measured it (on the primary)", kind: MetricKind::Gauge,
+        sql: "SELECT application_name::text, COALESCE(EXTRACT(EPOCH FROM replay_lag), 0)::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+    Query { name: "dbservice_postgres_replication_streaming", help: "1 per standby streaming from this primary", kind: MetricKind::Gauge,
+        sql: "SELECT application_name::text, (state = 'streaming')::int::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+    Query { name: "dbservice_postgres_wal_written_bytes", help: "WAL written since the cluster was made (position of the primary)", kind: MetricKind::Counter,
+        sql: "SELECT NULL::text, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8", label: None, primary_only: true },
+    Query { name: "dbservice_postgres_archived_wal", help: "WAL files archived (pg_stat_archiver, since the statistics were reset)", kind: MetricKind::Counter,
+        sql: "SELECT NULL::text, archived_count::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+    Query { name: "dbservice_postgres_archive_failures", help: "Failed attempts to archive a WAL file", kind: MetricKind::Counter,
+        sql: "SELECT NULL::text, failed_count::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+    Query { name: "dbservice_postgres_last_archived_age_seconds", help: "Seconds since the last WAL file was archived (absent before the first)", kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - last_archived_time)::float8 FROM pg_stat_archiver WHERE last_archived_time IS NOT NULL", label: None, primary_only: false },
+    Query { name: "dbservice_postgres_last_archive_failed", help: "1 when the last archiving attempt failed (its failure is newer than its last success)", kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, (last_failed_time IS NOT NULL AND (last_archived_time IS NULL OR last_failed_time > last_archived_time))::int::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+    Query { name: "dbservice_postgres_connections", help: "Client connections by state", kind: MetricKind::Gauge,
+        sql: "SELECT COALESCE(state, 'unknown')::text, count(*)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1", label: Some("state"), primary_only: false },
+    Query { name: "dbservice_postgres_max_connections", help: "max_connections", kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, current_setting('max_connections')::float8", label: None, primary_only: false },
+    Query { name: "dbservice_postgres_database_size_bytes", help: "Size of each database", kind: MetricKind::Gauge,
+        sql: "SELECT datname::text, pg_database_size(oid)::float8 FROM pg_database WHERE datallowconn", label: Some("database"), primary_only: false },
+    Query { name: "dbservice_postgres_transaction_id_age", help: "Age of each database's oldest unfrozen transaction ID (wraparound at 2^31)", kind: MetricKind::Gauge,
+        sql: "SELECT datname::text, age(datfrozenxid)::float8 FROM pg_database", label: Some("database"), primary_only: false },
+    Query { name: "dbservice_postgres_deadlocks", help: "Deadlocks detected per database", kind: MetricKind::Counter,
+        sql: "SELECT datname::text, deadlocks::float8 FROM pg_stat_database WHERE datname IS NOT NULL", label: Some("database"), primary_only: false },
+    Query { name: "dbservice_postgres_longest_transaction_seconds", help: "Age of the oldest open client transaction (0 when none)", kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' AND xact_start IS NOT NULL", label: None, primary_only: false },
+];
+
+/// Checkpoints by kind: pg_stat_checkpointer from 17 on, pg_stat_bgwriter before.
+fn checkpoint_query(version: i32) -> &'static str {
+    if version >= 170_000 {
+        "SELECT 'timed'::text, num_timed::float8 FROM pg_stat_checkpointer UNION ALL SELECT 'requested', num_requested::float8 FROM pg_stat_checkpointer"
+    } else {
+        "SELECT 'timed'::text, checkpoints_timed::float8 FROM pg_stat_bgwriter UNION ALL SELECT 'requested', checkpoints_req::float8 FROM pg_stat_bgwriter"
+    }
+}
+
+async fn family(client: &Client, query: &Query, sql: &str) -> Result<Family, tokio_postgres::Error> {
+    let samples = rows(client, sql)
+        .await?
+        .iter()
+        .filter_map(|row| {
+            let value: Option<f64> = row.get(1);
+            let labels = match query.label {
+                Some(label) => vec![(label, row.get::<_, Option<String>>(0).unwrap_or_default())],
+                None => Vec::new(),
+            };
+            value.map(|value| (labels, value))
+        })
+        .collect();
+    Ok(Family { name: query.name, help: query.help, kind: query.kind, samples })
+}
+
+/// Reads every family from the local server (`up` 0 and nothing else when it does not answer).
+pub async fn collect(config: &InstanceConfig) -> Vec<Family> {
+    let up = |value| Family::gauge("dbservice_postgres_up", "1 when the local PostgreSQL answers", value);
+    let Ok(client) = connect(config, &config.superuser, "postgres").await else { return vec![up(0.0)] };
+    let setup =
+        format!("SET statement_timeout = {STATEMENT_TIMEOUT_MILLISECONDS}; SET application_name = 'dbservice-metrics'");
+    if client.batch_execute(&setup).await.is_err() {
+        return vec![up(0.0)];
+    }
+    let facts = "SELECT pg_is_in_recovery(), current_setting('server_version_num')::int, \
+        (SELECT timeline_id FROM pg_control_checkpoint())";
+    let Ok(row) = client.query_one(facts, &[]).await else { return vec![up(0.0)] };
+    let (standby, version, timeline): (bool, i32, i32) = (row.get(0), row.get(1), row.get(2));
+    let mut families = vec![
+        up(1.0),
+        Family::gauge(
+            "dbservice_postgres_primary",
+            "1 on the primary, 0 on a standby",
+            if standby { 0.0 } else { 1.0 },
+        ),
+        Family::gauge("dbservice_postgres_timeline", "Timeline of the last checkpoint", f64::from(timeline)),
+        Family::gauge("dbservice_postgres_server_version", "server_version_num", f64::from(version)),
+    ];
+    let mut errors = 0.0;
+    let checkpoints = Query {
+        name: "dbservice_postgres_checkpoints",
+        help: "Checkpoints by kind (timed, requested)",
+        kind: MetricKind::Counter,
+        sql: "",
+        label: Some("kind"),
+        primary_only: false,
+    };
+    let standby_lag = Query {
+        name: "dbservice_postgres_standby_replay_delay_seconds",
+        help: "On a standby: seconds since the last replayed transaction's commit time (grows while the primary is idle)",
+        kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8 WHERE pg_last_xact_replay_timestamp() IS NOT NULL",
+        label: None,
+        primary_only: false,
+    };
+    let mut wanted: Vec<(&Query, &str)> =
+        QUERIES.iter().filter(|query| !(standby && query.primary_only)).map(|query| (query, query.sql)).collect();
+    wanted.push((&checkpoints, checkpoint_query(version)));
+    let receiver = Query {
+        name: "dbservice_postgres_wal_receiver_streaming",
+        help: "On a standby: 1 while its WAL receiver streams from the primary",
+        kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, count(*)::float8 FROM pg_stat_wal_receiver WHERE status = 'streaming'",
+        label: None,
+        primary_only: false,
+    };
+    if standby {
+        wanted.push((&standby_lag, standby_lag.sql));
+        wanted.push((&receiver, receiver.sql));
+    }
+    for (query, sql) in wanted {
+        match family(&client, query, sql).await {
+            Ok(family) => families.push(family),
+            Err(error) => {
+                errors += 1.0;
+                tracing::debug!(metric = query.name, %error, "metrics query failed");
+            }
+        }
+    }
+    // The data volume (PGDATA's parent: the mount), for "disk almost full" without kubelet metrics.
+    let volume = config.pgdata.parent().unwrap_or(&config.pgdata);
+    if let (Some(free), Some(size)) = (free_bytes(volume), volume_bytes(volume)) {
+        families.push(Family::gauge(
+            "dbservice_instance_volume_free_bytes",
+            "Bytes free on the data volume",
+            free as f64,
+        ));
+        families.push(Family::gauge("dbservice_instance_volume_size_bytes", "Size of the data volume", size as f64));
+    }
+    families.push(Family::gauge("dbservice_postgres_scrape_errors", "Queries of this scrape that failed", errors));
+    families
+}
+
+/// The scrape state: the last text and when it was made.
+struct Scrapes {
+    config: InstanceConfig,
+    last: Mutex<Option<(Instant, String)>>,
+}
+
+async fn metrics(State(scrapes): State<Arc<Scrapes>>) -> axum::response::Response {
+    // One scrape at a time: the others wait for it and reuse its text.
+    let mut last = scrapes.last.lock().await;
+    if let Some((_, text)) = last.as_ref().filter(|(at, _)| at.elapsed() < MIN_SCRAPE_INTERVAL) {
+        return ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text.clone()).into_response();
+    }
+    let families = tokio::time::timeout(SCRAPE_DEADLINE, collect(&scrapes.config))
+        .await
+        .unwrap_or_else(|_| vec![Family::gauge("dbservice_postgres_up", "1 when the local PostgreSQL answers", 0.0)]);
+    let text = render(&families);
+    *last = Some((Instant::now(), text.clone()));
+    ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+}
+
+/// The `/metrics` router of `config`'s server.
+pub fn router(config: InstanceConfig) -> axum::Router {
+    let scrapes = Arc::new(Scrapes { config, last: Mutex::new(None) });
+    axum::Router::new().route("/metrics", axum::routing::get(metrics)).with_state(scrapes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_render_as_openmetrics_with_escaped_labels_and_an_eof() {
+        let families = vec![
+            Family::gauge("dbservice_postgres_up", "1 when up", 1.0),
+            Family {
+                name: "dbservice_postgres_deadlocks",
+                help: "Deadlocks",
+                kind: MetricKind::Counter,
+                samples: vec![(vec![("database", "we\"ird\\db".into())], 2.0)],
+            },
+        ];
+        let text = render(&families);
+        assert_eq!(
+            text,
+            "# TYPE dbservice_postgres_up gauge\n# HELP dbservice_postgres_up 1 when up\ndbservice_postgres_up 1\n\
+             # TYPE dbservice_postgres_deadlocks counter\n# HELP dbservice_postgres_deadlocks Deadlocks\n\
+             dbservice_postgres_deadlocks_total{database=\"we\\\"ird\\\\db\"} 2\n# EOF\n"
+        );
+    }
+
+    #[test]
+    fn checkpoints_come_from_the_view_the_major_has() {
+        assert!(checkpoint_query(170_002).contains("pg_stat_checkpointer"));
+        assert!(checkpoint_query(150_010).contains("pg_stat_bgwriter"));
+    }
+}

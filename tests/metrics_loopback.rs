@@ -1,0 +1,97 @@
+//! The instance agent's `/metrics` (issue 23) against real PostgreSQL on loopback: a primary with
+//! a streaming standby reports up, role, timeline, per-standby lag, WAL, the archiver,
+//! connections and their limit, database sizes, transaction ID age, checkpoints and deadlocks;
+//! scrapes close together share one; a server that does not answer is `up 0`.
+
+#[path = "support/loopback.rs"]
+mod loopback;
+#[path = "support/ports.rs"]
+mod ports;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use dbservice_operator::instance::metrics::{router, CONTENT_TYPE, METRIC_NAMES};
+use dbservice_operator::instance::InstanceConfig;
+use http_body_util::BodyExt;
+use loopback::Cluster;
+use tower::ServiceExt;
+
+async fn scrape(router: axum::Router) -> String {
+    let response = router.oneshot(Request::get("/metrics").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers().get(header::CONTENT_TYPE).unwrap(), CONTENT_TYPE);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// The value of the sample whose line starts with `prefix` (name and labels).
+fn value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(prefix)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_and_its_standby_report_postgresql_in_openmetrics() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0", "db-1"]).await;
+    cluster.wait_streaming("db-1").await;
+    let primary = router(cluster.config("db-0"));
+    let text = scrape(primary.clone()).await;
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for family in text.lines().filter_map(|line| line.strip_prefix("# TYPE ")) {
+        let name = family.split(' ').next().unwrap();
+        assert!(METRIC_NAMES.contains(&name), "{name} is missing from METRIC_NAMES");
+    }
+    assert_eq!(value(&text, "dbservice_postgres_up"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_primary"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_timeline"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_scrape_errors"), Some(0.0), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_replication_streaming{standby=\"db-1\"}"), Some(1.0), "{text}");
+    assert!(value(&text, "dbservice_postgres_replication_lag_bytes{standby=\"db-1\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_replication_lag_seconds{standby=\"db-1\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_wal_written_bytes_total").is_some_and(|bytes| bytes > 0.0), "{text}");
+    assert!(value(&text, "dbservice_postgres_max_connections").is_some_and(|limit| limit >= 10.0), "{text}");
+    assert!(
+        value(&text, "dbservice_postgres_database_size_bytes{database=\"postgres\"}").is_some_and(|size| size > 1e6),
+        "{text}"
+    );
+    assert!(value(&text, "dbservice_postgres_transaction_id_age{database=\"template0\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_checkpoints_total{kind=\"requested\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_deadlocks_total{database=\"postgres\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_archive_failures_total").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_longest_transaction_seconds").is_some(), "{text}");
+
+    // A scrape right after gets the same text: many scrapers cost one.
+    assert_eq!(scrape(primary).await, text);
+
+    // An open transaction shows as the longest one.
+    let port = cluster.port("db-0");
+    let (client, connection) = tokio_postgres::connect(&loopback::conninfo(port), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client.batch_execute("BEGIN; SELECT txid_current()").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let text = scrape(router(cluster.config("db-0"))).await;
+    assert!(value(&text, "dbservice_postgres_longest_transaction_seconds").is_some_and(|age| age >= 2.0), "{text}");
+    assert!(
+        value(&text, "dbservice_postgres_connections{state=\"idle in transaction\"}").is_some_and(|count| count >= 1.0),
+        "{text}"
+    );
+    drop(client);
+
+    // The standby: role 0, no per-standby lag of its own.
+    let text = scrape(router(cluster.config("db-1"))).await;
+    assert_eq!(value(&text, "dbservice_postgres_up"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_primary"), Some(0.0), "{text}");
+    assert!(!text.contains("dbservice_postgres_replication_lag_bytes"), "{text}");
+    assert!(!text.contains("dbservice_postgres_wal_written_bytes"), "{text}");
+    assert_eq!(value(&text, "dbservice_postgres_wal_receiver_streaming"), Some(1.0), "{text}");
+    let free = value(&text, "dbservice_instance_volume_free_bytes").expect("volume free bytes");
+    let size = value(&text, "dbservice_instance_volume_size_bytes").expect("volume size");
+    assert!(free > 0.0 && free <= size, "{text}");
+
+    // No server behind the socket: up 0 and nothing else.
+    let missing = InstanceConfig { socket_dir: "/nonexistent".into(), ..cluster.config("db-0") };
+    let text = scrape(router(missing)).await;
+    assert_eq!(value(&text, "dbservice_postgres_up"), Some(0.0), "{text}");
+    assert!(!text.contains("dbservice_postgres_primary"), "{text}");
+    cluster.shutdown().await;
+}
