@@ -14,26 +14,8 @@ use dbservice_operator::api::roles::{
 };
 use dbservice_operator::instance::declared::keep_declared;
 use dbservice_operator::instance::SecretReader;
-use loopback::{Cluster, SUPERUSER};
+use loopback::{login, Cluster, SUPERUSER};
 use std::time::Duration;
-
-/// A client over TCP with a password, as an application connects.
-async fn login(port: u16, user: &str, password: &str, database: &str) -> Result<tokio_postgres::Client, String> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host("127.0.0.1")
-        .port(port)
-        .user(user)
-        .password(password)
-        .dbname(database)
-        .connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|error| error.as_db_error().map(|db| db.message().to_string()).unwrap_or_else(|| error.to_string()))?;
-    tokio::spawn(connection);
-    Ok(client)
-}
 
 fn role(name: &str) -> RoleSpec {
     RoleSpec { name: name.into(), ..Default::default() }

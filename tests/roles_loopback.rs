@@ -28,17 +28,7 @@ fn settings() -> RoleSettings {
 
 /// A client over TCP with a password, as an application connects.
 async fn connect(port: u16, user: &str, password: &str, database: &str) -> Result<tokio_postgres::Client, String> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host("127.0.0.1")
-        .port(port)
-        .user(user)
-        .password(password)
-        .dbname(database)
-        .connect_timeout(Duration::from_secs(5));
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|error| message(&error))?;
-    tokio::spawn(connection);
-    Ok(client)
+    loopback::login(port, user, password, database).await
 }
 
 /// A client over the unix socket (trust), as the agent and `kubectl exec` connect.

@@ -36,21 +36,13 @@ async fn uids(pods: &Api<Pod>) -> Vec<String> {
 /// A network login inside instance `pod` as the application role into `database` (TLS, the
 /// password from the pod's credentials file); its error text when refused.
 fn network_login(namespace: &str, pod: &str, database: &str) -> Result<(), String> {
-    let script = format!(
-        "PGPASSWORD=$(cat /dbservice/credentials/password) psql -X -Atc 'select 1' \
-         \"host=127.0.0.1 dbname={database} user=$APPLICATION_USER sslmode=require\" 2>&1"
-    );
-    let output = std::process::Command::new(crate::support::tool("kubectl"))
-        .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c", &script])
-        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("kubeconfig"))
-        .output()
-        .expect("kubectl runs");
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
-    if output.status.success() && text.trim() == "1" {
-        Ok(())
-    } else {
-        Err(text)
-    }
+    crate::environment::network_login(
+        namespace,
+        pod,
+        "$APPLICATION_USER",
+        "$(cat /dbservice/credentials/password)",
+        database,
+    )
 }
 
 #[tokio::test]

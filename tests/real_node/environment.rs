@@ -311,3 +311,22 @@ pub async fn password_of(client: &Client, namespace: &str, database: &str) -> St
     let bytes = secret.data.expect("data").remove("password").expect("password key").0;
     String::from_utf8(bytes).expect("password is UTF-8")
 }
+
+/// A network login inside instance `pod` into `database` over TLS, as `user` with `password`
+/// (both shell words, e.g. `$APPLICATION_USER` and `$(cat FILE)`); its output when refused.
+pub fn network_login(namespace: &str, pod: &str, user: &str, password: &str, database: &str) -> Result<(), String> {
+    let script = format!(
+        "PGPASSWORD={password} psql -X -Atc 'select 1' \"host=127.0.0.1 dbname={database} user={user} sslmode=require\" 2>&1"
+    );
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c", &script])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("kubeconfig"))
+        .output()
+        .expect("kubectl runs");
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    if output.status.success() && text.trim() == "1" {
+        Ok(())
+    } else {
+        Err(text)
+    }
+}

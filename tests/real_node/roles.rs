@@ -21,20 +21,7 @@ const PASS_LIMIT: Duration = Duration::from_secs(150);
 
 /// A network login inside the instance as `user` with `password` into `database` (TLS).
 fn login(namespace: &str, user: &str, password: &str, database: &str) -> Result<(), String> {
-    let script = format!(
-        "PGPASSWORD='{password}' psql -X -Atc 'select 1' \"host=127.0.0.1 dbname={database} user={user} sslmode=require\" 2>&1"
-    );
-    let output = std::process::Command::new(crate::support::tool("kubectl"))
-        .args(["-n", namespace, "exec", POD, "-c", "postgres", "--", "/bin/bash", "-c", &script])
-        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("kubeconfig"))
-        .output()
-        .expect("kubectl runs");
-    let text = String::from_utf8_lossy(&output.stdout).to_string();
-    if output.status.success() && text.trim() == "1" {
-        Ok(())
-    } else {
-        Err(text)
-    }
+    crate::environment::network_login(namespace, POD, user, &format!("'{password}'"), database)
 }
 
 fn password_secret(password: &str) -> Secret {
@@ -117,6 +104,18 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "pgcrypto");
+
+    // The agent's /metrics, through the API server's pod proxy as a Prometheus in the cluster
+    // would reach it: PostgreSQL up, this instance primary, the declared database's size.
+    let path = format!("/api/v1/namespaces/{ns}/pods/{POD}:9187/proxy/metrics");
+    let metrics = eventually("the agent's /metrics", Duration::from_secs(60), || async {
+        client.request_text(http::Request::get(&path).body(Vec::new()).unwrap()).await.ok()
+    })
+    .await;
+    for line in ["dbservice_postgres_up 1", "dbservice_postgres_primary 1", "# EOF"] {
+        assert!(metrics.lines().any(|sample| sample == line), "{line:?} missing from:\n{metrics}");
+    }
+    assert!(metrics.contains("dbservice_postgres_database_size_bytes{database=\"analytics\"}"), "{metrics}");
 
     // Drift made by hand is put back; a rotated Secret's password takes over.
     kubectl_quiet(ns, POD, "ALTER ROLE reporting CONNECTION LIMIT 50; REVOKE readers FROM reporting").expect("drift");

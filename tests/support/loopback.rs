@@ -291,6 +291,24 @@ pub fn conninfo(port: u16) -> String {
     )
 }
 
+/// A client over TCP with a password, as an application connects; the server's message when refused.
+pub async fn login(port: u16, user: &str, password: &str, database: &str) -> Result<tokio_postgres::Client, String> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user(user)
+        .password(password)
+        .dbname(database)
+        .connect_timeout(Duration::from_secs(5));
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|error| error.as_db_error().map(|db| db.message().to_string()).unwrap_or_else(|| error.to_string()))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
 /// Runs one statement over TCP with password authentication.
 pub async fn query(port: u16, sql: &str) -> Result<Vec<tokio_postgres::Row>, String> {
     let (client, connection) =

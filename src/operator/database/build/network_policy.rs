@@ -32,10 +32,8 @@ pub fn network_policy(database: &DatabaseService, clients: &BTreeMap<String, Str
             ..Default::default()
         }])
     };
-    let every_namespace = NetworkPolicyPeer {
-        namespace_selector: Some(LabelSelector::default()),
-        ..Default::default()
-    };
+    let every_namespace =
+        NetworkPolicyPeer { namespace_selector: Some(LabelSelector::default()), ..Default::default() };
     NetworkPolicy {
         metadata: metadata(database, name.clone()),
         spec: Some(NetworkPolicySpec {
