@@ -119,7 +119,11 @@ wait_for() {
       if pid="$(pid_of "$name")"; then kill "$pid" 2>/dev/null || true; fi
       return 2
     fi
-    if ! pid_of "$name" >/dev/null; then fail "$name" "exited while waiting for $what"; fi
+    # Asked twice: while a large binary is being exec'd (cold page cache), /proc/PID/cmdline reads empty
+    # for a moment and the process looks gone (seen here: "exited" with an empty log, fine on a rerun).
+    if ! pid_of "$name" >/dev/null && ! { sleep 1; pid_of "$name" >/dev/null; }; then
+      fail "$name" "exited while waiting for $what"
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then fail "$name" "not ready after ${TIMEOUT}s ($what)"; fi
     sleep 0.5
   done
