@@ -10,7 +10,8 @@ mod ports;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use dbservice_operator::instance::metrics::{router, CONTENT_TYPE, METRIC_NAMES};
+use dbservice_operator::instance::custom_queries::QueriesSource;
+use dbservice_operator::instance::metrics::{CONTENT_TYPE, METRIC_NAMES};
 use dbservice_operator::instance::InstanceConfig;
 use http_body_util::BodyExt;
 use loopback::Cluster;
@@ -22,6 +23,11 @@ async fn scrape(router: axum::Router) -> String {
     assert_eq!(response.headers().get(header::CONTENT_TYPE).unwrap(), CONTENT_TYPE);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// The metrics router of `config` without user queries.
+fn router(config: InstanceConfig) -> axum::Router {
+    dbservice_operator::instance::metrics::router(config, QueriesSource::None)
 }
 
 /// The value of the sample whose line starts with `prefix` (name and labels).
@@ -93,5 +99,54 @@ async fn a_primary_and_its_standby_report_postgresql_in_openmetrics() {
     let text = scrape(router(missing)).await;
     assert_eq!(value(&text, "dbservice_postgres_up"), Some(0.0), "{text}");
     assert!(!text.contains("dbservice_postgres_primary"), "{text}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_users_queries_run_as_the_application_role_read_only_and_a_bad_one_costs_only_itself() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0"]).await;
+    let port = cluster.port("db-0");
+    for sql in ["CREATE ROLE shop_app LOGIN", "CREATE DATABASE shop OWNER shop_app"] {
+        loopback::query(port, sql).await.unwrap();
+    }
+    let shop = loopback::conninfo(port).replace("dbname=postgres", "dbname=shop");
+    let (client, connection) = tokio_postgres::connect(&shop, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE orders (region text, shipped bool); ALTER TABLE orders OWNER TO shop_app;
+             INSERT INTO orders VALUES ('eu', false), ('eu', false), ('us', false), ('us', true);
+             CREATE TABLE secrets (x int); REVOKE ALL ON secrets FROM PUBLIC;
+             CREATE SEQUENCE orders_numbers; ALTER SEQUENCE orders_numbers OWNER TO shop_app",
+        )
+        .await
+        .unwrap();
+    let queries = r#"[
+      {"name": "orders_pending", "help": "Orders not shipped", "labels": ["region"],
+       "query": "SELECT region, count(*) AS value FROM orders WHERE NOT shipped GROUP BY region;"},
+      {"name": "orders_seen", "kind": "counter", "query": "SELECT count(*) AS value FROM orders"},
+      {"name": "superuser_file", "query": "SELECT length(pg_read_file('/etc/hostname')) AS value"},
+      {"name": "not_the_apps", "query": "SELECT count(*) AS value FROM secrets"},
+      {"name": "writes", "query": "SELECT nextval('orders_numbers') AS value"},
+      {"name": "Bad-Name", "query": "SELECT 1 AS value"}
+    ]"#;
+    let custom = QueriesSource::Fixed {
+        texts: vec![queries.into(), "not json".into()],
+        application_user: "shop_app".into(),
+        database: "shop".into(),
+    };
+    let text = scrape(dbservice_operator::instance::metrics::router(cluster.config("db-0"), custom)).await;
+    assert_eq!(value(&text, "dbservice_user_orders_pending{region=\"eu\"}"), Some(2.0), "{text}");
+    assert_eq!(value(&text, "dbservice_user_orders_pending{region=\"us\"}"), Some(1.0), "{text}");
+    assert!(text.contains("# HELP dbservice_user_orders_pending Orders not shipped"), "{text}");
+    assert_eq!(value(&text, "dbservice_user_orders_seen_total"), Some(4.0), "{text}");
+    // The application's role may not read the server's files nor another role's table, and a
+    // failing query, a malformed entry and a text that is no JSON each count once.
+    assert!(!text.contains("dbservice_user_superuser_file") && !text.contains("dbservice_user_not_the_apps"), "{text}");
+    assert!(!text.contains("dbservice_user_writes"), "read-only: {text}");
+    assert_eq!(value(&text, "dbservice_postgres_scrape_errors"), Some(5.0), "{text}");
+    // The agent's own families are still there.
+    assert_eq!(value(&text, "dbservice_postgres_up"), Some(1.0), "{text}");
     cluster.shutdown().await;
 }

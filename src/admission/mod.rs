@@ -7,6 +7,7 @@ pub mod certificates;
 pub mod connections;
 pub mod field_error;
 pub mod limits;
+pub mod monitoring_validation;
 pub mod mutation;
 pub mod placement_validation;
 pub mod postgresql_validation;

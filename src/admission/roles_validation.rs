@@ -16,12 +16,12 @@ static NAME: LazyLock<regex::Regex> =
 static EXTENSION_NAME: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z0-9_][a-z0-9_-]{0,62}$").expect("extension pattern compiles"));
 /// A DNS subdomain (a Secret's name).
-static SECRET_NAME: LazyLock<regex::Regex> = LazyLock::new(|| {
+pub(crate) static SECRET_NAME: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
         .expect("subdomain pattern compiles")
 });
 /// A Secret's key.
-static SECRET_KEY: LazyLock<regex::Regex> =
+pub(crate) static SECRET_KEY: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[-._a-zA-Z0-9]{1,253}$").expect("key pattern compiles"));
 
 const NAME_RULE: &str =

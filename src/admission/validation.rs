@@ -154,6 +154,9 @@ pub fn validate(
     let major =
         major_version(&spec.version).filter(|major| (OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(major));
     crate::admission::roles_validation::validate_declarations(spec, major, &mut outcome.errors);
+    if let Some(monitoring) = &spec.monitoring {
+        crate::admission::monitoring_validation::validate_monitoring(monitoring, &mut outcome.errors);
+    }
     if let Some(initdb) = spec.initdb() {
         let recovering = spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
         crate::admission::postgresql_validation::validate_initdb(initdb, recovering, &mut outcome.errors);

@@ -100,6 +100,9 @@ pub struct DatabaseServiceSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub databases: Vec<crate::api::roles::DatabaseSpec>,
+    /// PostgreSQL in Prometheus beyond the agents' own metrics: the user's queries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<crate::api::monitoring::MonitoringSpec>,
     /// Scheduling of the instances: affinity, tolerations, node selector, topology spread,
     /// priority class, and the PodDisruptionBudgets.
     #[serde(flatten)]

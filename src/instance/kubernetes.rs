@@ -138,6 +138,11 @@ impl KubeControlPlane {
         }
     }
 
+    /// The DatabaseService as watched (None until first seen), for the metrics' custom queries.
+    pub fn database_watch(&self) -> watch::Receiver<Option<Arc<DatabaseService>>> {
+        self.database_watch.clone()
+    }
+
     async fn bounded<T>(
         &self,
         what: &str,

@@ -8,6 +8,7 @@
 //! deadline for the whole scrape; a query that fails costs only its family
 //! (`dbservice_postgres_scrape_errors`).
 
+use crate::instance::custom_queries::{run_custom_queries, QueriesSource};
 use crate::instance::postgres::{free_bytes, volume_bytes};
 use crate::instance::roles::connect;
 use crate::instance::InstanceConfig;
@@ -71,18 +72,18 @@ pub enum MetricKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Family {
     /// Name without `_total`.
-    pub name: &'static str,
+    pub name: String,
     /// HELP text.
-    pub help: &'static str,
+    pub help: String,
     /// Its kind.
     pub kind: MetricKind,
     /// Samples.
-    pub samples: Vec<(Vec<(&'static str, String)>, f64)>,
+    pub samples: Vec<(Vec<(String, String)>, f64)>,
 }
 
 impl Family {
-    fn gauge(name: &'static str, help: &'static str, value: f64) -> Self {
-        Family { name, help, kind: MetricKind::Gauge, samples: vec![(Vec::new(), value)] }
+    fn gauge(name: &str, help: &str, value: f64) -> Self {
+        Family { name: name.into(), help: help.into(), kind: MetricKind::Gauge, samples: vec![(Vec::new(), value)] }
     }
 }
 
@@ -178,17 +179,18 @@ async fn family(client: &Client, query: &Query, sql: &str) -> Result<Family, tok
         .filter_map(|row| {
             let value: Option<f64> = row.get(1);
             let labels = match query.label {
-                Some(label) => vec![(label, row.get::<_, Option<String>>(0).unwrap_or_default())],
+                Some(label) => vec![(label.to_string(), row.get::<_, Option<String>>(0).unwrap_or_default())],
                 None => Vec::new(),
             };
             value.map(|value| (labels, value))
         })
         .collect();
-    Ok(Family { name: query.name, help: query.help, kind: query.kind, samples })
+    Ok(Family { name: query.name.into(), help: query.help.into(), kind: query.kind, samples })
 }
 
-/// Reads every family from the local server (`up` 0 and nothing else when it does not answer).
-pub async fn collect(config: &InstanceConfig) -> Vec<Family> {
+/// Reads every family from the local server (`up` 0 and nothing else when it does not answer),
+/// and the user's queries from `custom`.
+pub async fn collect(config: &InstanceConfig, custom: &QueriesSource) -> Vec<Family> {
     let up = |value| Family::gauge("dbservice_postgres_up", "1 when the local PostgreSQL answers", value);
     let Ok(client) = connect(config, &config.superuser, "postgres").await else { return vec![up(0.0)] };
     let setup =
@@ -261,6 +263,9 @@ pub async fn collect(config: &InstanceConfig) -> Vec<Family> {
         ));
         families.push(Family::gauge("dbservice_instance_volume_size_bytes", "Size of the data volume", size as f64));
     }
+    let (user_families, user_errors) = run_custom_queries(config, custom).await;
+    families.extend(user_families);
+    errors += f64::from(user_errors);
     families.push(Family::gauge("dbservice_postgres_scrape_errors", "Queries of this scrape that failed", errors));
     families
 }
@@ -268,6 +273,7 @@ pub async fn collect(config: &InstanceConfig) -> Vec<Family> {
 /// The scrape state: the last text and when it was made.
 struct Scrapes {
     config: InstanceConfig,
+    custom: QueriesSource,
     last: Mutex<Option<(Instant, String)>>,
 }
 
@@ -277,7 +283,7 @@ async fn metrics(State(scrapes): State<Arc<Scrapes>>) -> axum::response::Respons
     if let Some((_, text)) = last.as_ref().filter(|(at, _)| at.elapsed() < MIN_SCRAPE_INTERVAL) {
         return ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text.clone()).into_response();
     }
-    let families = tokio::time::timeout(SCRAPE_DEADLINE, collect(&scrapes.config))
+    let families = tokio::time::timeout(SCRAPE_DEADLINE, collect(&scrapes.config, &scrapes.custom))
         .await
         .unwrap_or_else(|_| vec![Family::gauge("dbservice_postgres_up", "1 when the local PostgreSQL answers", 0.0)]);
     let text = render(&families);
@@ -285,9 +291,9 @@ async fn metrics(State(scrapes): State<Arc<Scrapes>>) -> axum::response::Respons
     ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
 }
 
-/// The `/metrics` router of `config`'s server.
-pub fn router(config: InstanceConfig) -> axum::Router {
-    let scrapes = Arc::new(Scrapes { config, last: Mutex::new(None) });
+/// The `/metrics` router of `config`'s server, with the user's queries from `custom`.
+pub fn router(config: InstanceConfig, custom: QueriesSource) -> axum::Router {
+    let scrapes = Arc::new(Scrapes { config, custom, last: Mutex::new(None) });
     axum::Router::new().route("/metrics", axum::routing::get(metrics)).with_state(scrapes)
 }
 
@@ -300,10 +306,10 @@ mod tests {
         let families = vec![
             Family::gauge("dbservice_postgres_up", "1 when up", 1.0),
             Family {
-                name: "dbservice_postgres_deadlocks",
-                help: "Deadlocks",
+                name: "dbservice_postgres_deadlocks".into(),
+                help: "Deadlocks".into(),
                 kind: MetricKind::Counter,
-                samples: vec![(vec![("database", "we\"ird\\db".into())], 2.0)],
+                samples: vec![(vec![("database".into(), "we\"ird\\db".into())], 2.0)],
             },
         ];
         let text = render(&families);

@@ -11,6 +11,7 @@ mod agent;
 pub mod archiving;
 pub mod args;
 pub mod configuration;
+pub mod custom_queries;
 pub mod declared;
 pub mod hba;
 pub mod kubernetes;

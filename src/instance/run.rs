@@ -230,6 +230,7 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_from(kube_config.clone()).context("Kubernetes client")?;
     kube_config.read_timeout = Some(crate::client::READ_TIMEOUT);
     let watch_client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
+    let client_for_queries = client.clone();
     let secrets = crate::instance::SecretReader::Api {
         secrets: Box::new(kube::Api::namespaced(client.clone(), &args.namespace)),
         timeout: CALL_TIMEOUT,
@@ -258,7 +259,13 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
     let metrics = crate::admission::server::bind(args.metrics_address, "--metrics-address").await?;
     tokio::spawn(crate::admission::server::serve_plain(
         metrics,
-        crate::instance::metrics::router(config.clone()),
+        crate::instance::metrics::router(
+            config.clone(),
+            crate::instance::custom_queries::QueriesSource::Api {
+                database: control_plane.database_watch(),
+                config_maps: Box::new(kube::Api::namespaced(client_for_queries, &args.namespace)),
+            },
+        ),
         stop.clone(),
     ));
     bootstrap(&args, &config, &control_plane, &mut stop).await?;

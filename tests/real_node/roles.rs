@@ -1,7 +1,8 @@
 //! `spec.roles` and `spec.databases` on real PostgreSQL (issue 23): the primary's agent creates
 //! the declared roles (password from a Secret its Role may read) and databases (owner,
 //! extensions), puts drift back, takes a rotated password, removes only on `ensure: absent`, and
-//! the operator shows its pass in `status.declared`.
+//! the operator shows its pass in `status.declared`. The agent's `/metrics`, with a query of the
+//! user's from a ConfigMap, is scraped through the API server's pod proxy.
 
 use crate::environment::{admin_client, install_chart, real_database, real_namespace, real_node_or_skip, wait_running};
 use crate::postgres::kubectl_quiet;
@@ -71,6 +72,20 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
         extensions: vec![ExtensionSpec { name: "pgcrypto".into(), ensure: None }],
         ..Default::default()
     }];
+    // The user's own metric: a query in a ConfigMap, run by the agent as the application's role.
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
+    let queries = serde_json::json!({
+        "metadata": {"name": "app-queries"},
+        "data": {"queries.json": r#"[{"name": "current_database_owner", "labels": ["database", "owner"],
+            "query": "SELECT current_database() AS database, current_user AS owner, 1 AS value"}]"#},
+    });
+    config_maps.create(&PostParams::default(), &serde_json::from_value(queries).unwrap()).await.unwrap();
+    database.spec.monitoring = Some(dbservice_operator::api::monitoring::MonitoringSpec {
+        custom_queries: vec![dbservice_operator::api::monitoring::ConfigMapKeyReference {
+            name: "app-queries".into(),
+            key: None,
+        }],
+    });
     databases.create(&PostParams::default(), &database).await.unwrap();
     wait_running(&client, ns, DATABASE, 1, Duration::from_secs(300)).await;
 
@@ -116,6 +131,9 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
         assert!(metrics.lines().any(|sample| sample == line), "{line:?} missing from:\n{metrics}");
     }
     assert!(metrics.contains("dbservice_postgres_database_size_bytes{database=\"analytics\"}"), "{metrics}");
+    let user_metric = "dbservice_user_current_database_owner{database=\"app\",owner=\"app_user\"} 1";
+    assert!(metrics.lines().any(|sample| sample == user_metric), "{user_metric:?} missing from:\n{metrics}");
+    assert!(metrics.lines().any(|sample| sample == "dbservice_postgres_scrape_errors 0"), "{metrics}");
 
     // Drift made by hand is put back; a rotated Secret's password takes over.
     kubectl_quiet(ns, POD, "ALTER ROLE reporting CONNECTION LIMIT 50; REVOKE readers FROM reporting").expect("drift");

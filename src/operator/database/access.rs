@@ -51,6 +51,12 @@ fn password_secrets_rule(database: &DatabaseService) -> Option<PolicyRule> {
     (!names.is_empty()).then(|| rule("", "secrets", names, &["get"]))
 }
 
+/// `get` on the ConfigMaps of `spec.monitoring.customQueries` (the agents run their queries).
+fn query_config_maps_rule(database: &DatabaseService) -> Option<PolicyRule> {
+    let names = database.spec.monitoring.as_ref().map(|monitoring| monitoring.config_maps()).unwrap_or_default();
+    (!names.is_empty()).then(|| rule("", "configmaps", names, &["get"]))
+}
+
 /// Builds the agents' access for `database`. The pod names cover every possible instance, so the
 /// Role does not change when the database scales.
 pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
@@ -77,6 +83,7 @@ pub fn instance_access(database: &DatabaseService) -> InstanceAccess {
                 ]
                 .into_iter()
                 .chain(password_secrets_rule(database))
+                .chain(query_config_maps_rule(database))
                 .collect(),
             ),
         },
@@ -147,5 +154,12 @@ mod tests {
             rules.iter().find(|rule| rule.resources.as_deref() == Some(&["secrets".to_string()][..])).unwrap();
         assert_eq!(secrets.resource_names.as_deref(), Some(&["own".to_string(), "shared".to_string()][..]));
         assert_eq!(secrets.verbs, vec!["get".to_string()]);
+        database.spec.monitoring = Some(crate::api::monitoring::MonitoringSpec {
+            custom_queries: vec![crate::api::monitoring::ConfigMapKeyReference { name: "queries".into(), key: None }],
+        });
+        let rules = instance_access(&database).role.rules.unwrap();
+        let config_maps =
+            rules.iter().find(|rule| rule.resources.as_deref() == Some(&["configmaps".to_string()][..])).unwrap();
+        assert_eq!(config_maps.resource_names.as_deref(), Some(&["queries".to_string()][..]));
     }
 }
