@@ -150,3 +150,43 @@ async fn the_users_queries_run_as_the_application_role_read_only_and_a_bad_one_c
     assert_eq!(value(&text, "dbservice_postgres_up"), Some(1.0), "{text}");
     cluster.shutdown().await;
 }
+
+/// The conditions of the chart's alerts `DBServiceArchivingFailing` and
+/// `DBServiceReplicationBroken` (files/database-alerts.yaml), caused for real: archiving that
+/// fails sets `dbservice_postgres_last_archive_failed` on the primary, and a standby whose primary
+/// is gone reports `dbservice_postgres_wal_receiver_streaming 0` (with `primary 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_archiving_and_broken_replication_show_as_the_alerts_conditions() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let settings = dbservice_operator::api::failover::FailoverSettings::default();
+    let mut cluster = Cluster::start_with_server_settings(
+        pg_bin,
+        &["db-0", "db-1"],
+        settings,
+        &[("archive_mode", "on"), ("archive_command", "false")],
+    )
+    .await;
+    cluster.wait_streaming("db-1").await;
+    let port = cluster.port("db-0");
+    loopback::query(port, "CREATE TABLE filler AS SELECT 1 AS n").await.unwrap();
+    loopback::query(port, "SELECT pg_switch_wal()::text").await.unwrap();
+    let primary = cluster.config("db-0");
+    let failed = async || {
+        let text = scrape(router(primary.clone())).await;
+        value(&text, "dbservice_postgres_last_archive_failed") == Some(1.0)
+            && value(&text, "dbservice_postgres_archive_failures_total").is_some_and(|failures| failures >= 1.0)
+    };
+    cluster.wait_for("the archiver to report its failure", std::time::Duration::from_secs(30), failed).await;
+
+    // The operator makes no pass (no failover): the standby just loses its primary.
+    cluster.world.lock().unwrap().operator_paused = true;
+    cluster.kill_pod("db-0");
+    let standby = cluster.config("db-1");
+    let broken = async || {
+        let text = scrape(router(standby.clone())).await;
+        value(&text, "dbservice_postgres_primary") == Some(0.0)
+            && value(&text, "dbservice_postgres_wal_receiver_streaming") == Some(0.0)
+    };
+    cluster.wait_for("the standby to report its broken stream", std::time::Duration::from_secs(30), broken).await;
+    cluster.shutdown().await;
+}

@@ -428,7 +428,14 @@ impl<C: ControlPlane> Agent<C> {
         if self.last_published.as_ref().is_some_and(|published| same_state(published, &report)) {
             return Ok(());
         }
-        self.control_plane.publish(&report).await?;
+        if let Err(error) = self.control_plane.publish(&report).await {
+            // The write may have landed although its answer did not (a connection dropped after
+            // the request went out): what the API holds is unknown now, so the next step
+            // publishes again even a report equal to the last one known to have landed (seen in
+            // CI: a standby's "not streaming" landed unanswered and stayed for good).
+            self.last_published = None;
+            return Err(error.into());
+        }
         tracing::info!(instance = %self.config.name, report = %serde_json::to_string(&report).unwrap_or_default(), "published");
         self.last_published = Some(report);
         Ok(())

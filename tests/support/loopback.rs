@@ -113,6 +113,9 @@ pub struct World {
     pub pgdata: BTreeMap<String, PathBuf>,
     /// Instances cut off from the API.
     pub partitioned: BTreeSet<String>,
+    /// Instances whose reports are stored but whose publish calls then fail, as when the answer
+    /// of a write that landed is lost.
+    pub answers_lost: BTreeSet<String>,
     /// Instances whose API calls hang (until removed): their agent's step blocks.
     pub hung: BTreeSet<String>,
     /// The operator makes no pass (its status is whatever a test wrote).
@@ -195,6 +198,9 @@ impl ControlPlane for MemoryControlPlane {
         let mut world = self.reachable()?;
         world.reports.insert(self.name.clone(), report.clone());
         world.publishes += 1;
+        if world.answers_lost.contains(&self.name) {
+            return Err(ControlPlaneError("the answer was lost".into()));
+        }
         Ok(())
     }
 
