@@ -11,7 +11,7 @@
 //! counted in `dbservice_postgres_scrape_errors` and logged by name.
 
 use crate::api::database_service::DatabaseService;
-use crate::instance::metrics::{Family, MetricKind};
+use crate::instance::openmetrics::{Family, MetricKind};
 use crate::instance::roles::{connect, identifier};
 use crate::instance::InstanceConfig;
 use k8s_openapi::api::core::v1::ConfigMap;

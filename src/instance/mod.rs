@@ -16,6 +16,7 @@ pub mod declared;
 pub mod hba;
 pub mod kubernetes;
 pub mod metrics;
+pub mod openmetrics;
 pub mod postgres;
 pub mod recovery;
 pub mod roles;
