@@ -126,6 +126,23 @@ build_helm() {
   rm -rf "$out" && mv "$out.tmp" "$out"
 }
 
+# Prometheus and promtool with Kubernetes service discovery only (every other discoverer drags in a
+# cloud SDK); the web UI is not built in (nothing here opens it).
+build_prometheus() {
+  local out="$CACHE_ROOT/prometheus-$PROMETHEUS_VERSION"
+  [ -x "$out/prometheus" ] && [ -x "$out/promtool" ] && return
+  log "building prometheus $PROMETHEUS_VERSION (about 5 minutes cold)"
+  local work module=github.com/prometheus/prometheus
+  work="$(mktemp -d)"
+  printf 'module dbservice.dev/prometheus\n\ngo 1.25\n' > "$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/prometheus"\n\t_ "%s/cmd/promtool"\n)\n' "$module" "$module" > "$work/tools.go"
+  (cd "$work" && go get "$module/cmd/prometheus@$PROMETHEUS_VERSION" "$module/cmd/promtool@$PROMETHEUS_VERSION" >/dev/null 2>&1; go mod tidy -e >/dev/null 2>&1 || true)
+  mkdir -p "$out.tmp"
+  (cd "$work" && go build -tags tools,remove_all_sd,enable_kubernetes_sd -trimpath -ldflags "-s -w" -o "$out.tmp/" "$module/cmd/prometheus" "$module/cmd/promtool")
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  rm -rf "$work"
+}
+
 mkdir -p "$CACHE_ROOT"
 case "${1:-all}" in
   kubernetes) build_kubernetes ;;
@@ -133,6 +150,7 @@ case "${1:-all}" in
   kwok) build_kwok ;;
   helm) build_helm ;;
   coredns) build_coredns ;;
-  all) build_etcd; build_kwok; build_helm; build_coredns; build_kubernetes ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|kwok|helm|coredns]" >&2; exit 2 ;;
+  prometheus) build_prometheus ;;
+  all) build_etcd; build_kwok; build_helm; build_coredns; build_kubernetes; build_prometheus ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|kwok|helm|coredns|prometheus]" >&2; exit 2 ;;
 esac

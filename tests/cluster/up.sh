@@ -71,6 +71,12 @@ link_binaries() {
   ln -sfn "$KWOK_DIR/kwok" "$BIN/kwok"
   # helm is not needed to run the cluster, only linked when it was built.
   if [ -x "$HELM_DIR/helm" ]; then ln -sfn "$HELM_DIR/helm" "$BIN/helm"; fi
+  # Likewise Prometheus and promtool, for the real-node monitoring test.
+  local prometheus_dir="$CACHE_ROOT/prometheus-$PROMETHEUS_VERSION"
+  if [ -x "$prometheus_dir/prometheus" ]; then
+    ln -sfn "$prometheus_dir/prometheus" "$BIN/prometheus"
+    ln -sfn "$prometheus_dir/promtool" "$BIN/promtool"
+  fi
 }
 
 kubectl() { "$K8S_DIR/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }

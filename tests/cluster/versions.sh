@@ -6,6 +6,9 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+# The Go module version of Prometheus (v0.316.0 is Prometheus 3.16): the real-node monitoring test
+# scrapes the agents with it and evaluates the chart's alerts and dashboard queries.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 # Built by one `go build` (shared packages compile once); kubelet and kube-proxy run the real node.
 KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CACHE_ROOT="${DBSERVICE_CACHE:-$HOME/.cache/dbservice-operator}"

@@ -14,6 +14,7 @@ mod diagnostics;
 mod environment;
 mod failover;
 mod faults;
+mod monitoring;
 mod node;
 #[path = "../support/object_store.rs"]
 mod object_store;

@@ -7,7 +7,7 @@
 //! cores, and a fault measured on a starved machine measures the machine.
 
 mod checkers;
-mod host;
+pub mod host;
 mod network;
 mod operations;
 mod stalls;

@@ -1,0 +1,307 @@
+//! The chart's monitoring against a real Prometheus (issue 23): Prometheus (built from the Go module
+//! proxy by tests/cluster/build.sh) discovers the database pods through the API server with the
+//! scrape configuration the chart's PodMonitor stands for, loads the chart's PrometheusRule (checked
+//! by `promtool`), and every panel query of the chart's dashboard returns data. Then the two
+//! failures the alerts exist for are caused for real: the object store becomes unreachable
+//! (`DBServiceArchivingFailing` fires) and a standby loses its stream (`DBServiceReplicationBroken`
+//! fires). The rules keep their expressions; only their `for` is shortened to seconds.
+
+use crate::backups::BRIDGE_ADDRESS;
+use crate::environment::psql_in_instance;
+use crate::faults::{host, Bed};
+use crate::object_store::{free_port, moto_server, skip_or_fail, Process, Store};
+use crate::support::{admin_kubeconfig, eventually, repository, tool};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// How long a shortened alert must hold before it fires.
+const ALERT_FOR: &str = "4s";
+
+/// The chart's monitoring objects, rendered as a user enabling all three gets them.
+struct RenderedMonitoring {
+    pod_monitor: Value,
+    rules: Value,
+    dashboard: Value,
+}
+
+fn render_chart() -> RenderedMonitoring {
+    let output = Command::new(tool("helm"))
+        .args([
+            "template",
+            "monitoring",
+            "charts/dbservice-operator",
+            "--show-only",
+            "templates/database-monitoring.yaml",
+        ])
+        .args(["--set", "databaseMonitoring.podMonitor.enabled=true"])
+        .args(["--set", "databaseMonitoring.alerts.enabled=true"])
+        .args(["--set", "databaseMonitoring.dashboard.enabled=true"])
+        .current_dir(repository())
+        .output()
+        .expect("helm runs");
+    assert!(output.status.success(), "helm template: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let mut rendered = RenderedMonitoring { pod_monitor: Value::Null, rules: Value::Null, dashboard: Value::Null };
+    for document in text.split("\n---").filter(|document| !document.trim().is_empty()) {
+        let object: Value = serde_saphyr::from_str(document).unwrap();
+        match object["kind"].as_str() {
+            Some("PodMonitor") => rendered.pod_monitor = object,
+            Some("PrometheusRule") => rendered.rules = object["spec"].clone(),
+            Some("ConfigMap") => {
+                let json = object["data"]["dbservice-postgresql.json"].as_str().expect("the dashboard's key");
+                rendered.dashboard = serde_json::from_str(json).unwrap();
+            }
+            other => panic!("unexpected {other:?} in the monitoring template"),
+        }
+    }
+    assert!(!rendered.pod_monitor.is_null() && !rendered.rules.is_null() && !rendered.dashboard.is_null());
+    rendered
+}
+
+/// `__meta_kubernetes_pod_label_<name>` as Prometheus spells a label name.
+fn meta_label(prefix: &str, name: &str) -> String {
+    let sanitized: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    format!("__meta_kubernetes_pod_{prefix}_{sanitized}")
+}
+
+/// The scrape configuration prometheus-operator generates for the PodMonitor, limited to
+/// `namespace`: its selector and port as keep rules, the target labels it always sets, then the
+/// endpoint's own relabelings.
+fn scrape_config(pod_monitor: &Value, namespace: &str, kubeconfig: &Path) -> Value {
+    let spec = &pod_monitor["spec"];
+    let endpoint = &spec["podMetricsEndpoints"][0];
+    let mut relabel = Vec::new();
+    for (name, value) in spec["selector"]["matchLabels"].as_object().expect("a label selector") {
+        relabel.push(json!({
+            "action": "keep",
+            "source_labels": [meta_label("label", name), meta_label("labelpresent", name)],
+            "regex": format!("({});true", value.as_str().unwrap()),
+        }));
+    }
+    relabel.push(json!({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+        "regex": endpoint["port"]}));
+    relabel.push(json!({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}));
+    relabel.push(json!({"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}));
+    relabel.push(json!({"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"}));
+    for rule in endpoint["relabelings"].as_array().into_iter().flatten() {
+        let mut translated = serde_json::Map::new();
+        for (key, value) in rule.as_object().unwrap() {
+            let key = match key.as_str() {
+                "sourceLabels" => "source_labels",
+                "targetLabel" => "target_label",
+                other => other,
+            };
+            translated.insert(key.to_string(), value.clone());
+        }
+        relabel.push(Value::Object(translated));
+    }
+    json!({
+        "job_name": "podMonitor/databases",
+        // The chart's 30 s interval, shortened so that the test sees rates within seconds.
+        "scrape_interval": "2s",
+        "scrape_timeout": "2s",
+        "metrics_path": endpoint["path"],
+        "scheme": endpoint["scheme"],
+        "kubernetes_sd_configs": [{
+            "role": "pod",
+            "kubeconfig_file": kubeconfig,
+            "namespaces": {"names": [namespace]},
+        }],
+        "relabel_configs": relabel,
+    })
+}
+
+/// The rules with every `for` shortened to [`ALERT_FOR`].
+fn shortened(rules: &Value) -> Value {
+    let mut rules = rules.clone();
+    for group in rules["groups"].as_array_mut().unwrap() {
+        group["interval"] = json!("2s");
+        for rule in group["rules"].as_array_mut().unwrap() {
+            rule["for"] = json!(ALERT_FOR);
+        }
+    }
+    rules
+}
+
+/// Runs promtool with `arguments`; asserts it succeeds.
+fn promtool(arguments: &[&str]) {
+    let output = Command::new(tool("promtool")).args(arguments).output().expect("promtool runs");
+    assert!(
+        output.status.success(),
+        "promtool {arguments:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A Prometheus server on the host, stopped when dropped.
+struct Prometheus {
+    url: String,
+    http: reqwest::Client,
+    _process: Process,
+}
+
+impl Prometheus {
+    fn start(work: &Path, config: &Value, rules: &Value) -> Prometheus {
+        let rules_file = work.join("rules.json");
+        std::fs::write(&rules_file, serde_json::to_vec_pretty(rules).unwrap()).unwrap();
+        let config = json!({
+            "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+            "rule_files": [rules_file],
+            "scrape_configs": [config],
+        });
+        let config_file = work.join("prometheus.json");
+        std::fs::write(&config_file, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        promtool(&["check", "rules", rules_file.to_str().unwrap()]);
+        promtool(&["check", "config", "--syntax-only", config_file.to_str().unwrap()]);
+        let port = free_port();
+        let log = std::fs::File::create(work.join("prometheus.log")).unwrap();
+        let process = Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_file.display()))
+            .arg(format!("--storage.tsdb.path={}", work.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("prometheus starts (tests/cluster/build.sh prometheus)");
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+        Prometheus { url: format!("http://127.0.0.1:{port}"), http, _process: Process(process) }
+    }
+
+    /// The `data` of a successful API answer; None while Prometheus does not answer yet.
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
+        let response = self.http.get(format!("{}{path}", self.url)).query(query).send().await.ok()?;
+        let body: Value = response.json().await.ok()?;
+        assert_eq!(body["status"], "success", "{path} {query:?}: {body}");
+        Some(body["data"].clone())
+    }
+
+    /// The instant query's result vector (asserting the query evaluates).
+    async fn query(&self, expression: &str) -> Vec<Value> {
+        let data = self.get("/api/v1/query", &[("query", expression)]).await.expect("prometheus answers");
+        data["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits until alert `name` fires; its labels.
+    async fn firing(&self, name: &str, limit: Duration) -> Value {
+        eventually(&format!("{name} to fire"), limit, || async {
+            let data = self.get("/api/v1/alerts", &[]).await?;
+            data["alerts"]
+                .as_array()?
+                .iter()
+                .find(|alert| alert["labels"]["alertname"] == name && alert["state"] == "firing")
+                .map(|alert| alert["labels"].clone())
+        })
+        .await
+    }
+}
+
+/// Every panel query of the dashboard (Grafana's `$__rate_interval` as Prometheus' own window).
+fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expression = target["expr"].as_str().unwrap().replace("$__rate_interval", "1m");
+            queries.push((panel["title"].as_str().unwrap().to_string(), expression));
+        }
+    }
+    queries
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_agents_runs_every_panel_and_fires_the_alerts_of_real_failures() {
+    let fault = "monitoring: archiving and replication broken";
+    let Some(moto) = moto_server() else {
+        return skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
+    };
+    let work = tempfile::Builder::new().prefix("dbservice-prometheus-").tempdir_in("/tmp").unwrap();
+    let store = Store::start_on(&moto, &work.path().join("moto.log"), BRIDGE_ADDRESS).await;
+    let Some(bed) = Bed::start_with(fault, 2, Some(&store.endpoint)).await else { return };
+    let monitoring = render_chart();
+    let kubeconfig = admin_kubeconfig().expect("the cluster's kubeconfig");
+    let prometheus = Prometheus::start(
+        work.path(),
+        &scrape_config(&monitoring.pod_monitor, bed.ns(), &kubeconfig),
+        &shortened(&monitoring.rules),
+    );
+    let primary = bed.primary().await;
+    let standby = bed.other_than(&primary);
+
+    // Both instances discovered through the API server, labelled as the PodMonitor says, and up.
+    let targets = eventually("both agents scraped", Duration::from_secs(90), || async {
+        let data = prometheus.get("/api/v1/targets", &[("state", "active")]).await?;
+        let targets = data["activeTargets"].as_array()?.clone();
+        (targets.len() == 2 && targets.iter().all(|target| target["health"] == "up")).then_some(targets)
+    })
+    .await;
+    for target in &targets {
+        assert_eq!(target["labels"]["namespace"], bed.ns(), "{target}");
+        assert_eq!(target["labels"]["database"], crate::failover::DATABASE, "{target}");
+    }
+
+    // Every panel returns data once the rates have two samples of the writer's traffic.
+    let queries = panel_queries(&monitoring.dashboard);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut empty = Vec::new();
+        for (title, expression) in &queries {
+            if prometheus.query(expression).await.is_empty() {
+                empty.push(title.as_str());
+            }
+        }
+        if empty.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "dashboard panels without data after 90 s: {empty:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    eprintln!("[monitoring] {} dashboard queries return data", queries.len());
+
+    // Every alert rule evaluates without error, and none fires on a healthy database.
+    let rules = prometheus.get("/api/v1/rules", &[("type", "alert")]).await.unwrap();
+    let rules: Vec<&Value> =
+        rules["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap()).collect();
+    let expected: usize =
+        monitoring.rules["groups"].as_array().unwrap().iter().map(|g| g["rules"].as_array().unwrap().len()).sum();
+    assert_eq!(rules.len(), expected, "every rule of the chart loaded");
+    eventually("every rule evaluated", Duration::from_secs(30), || async {
+        let data = prometheus.get("/api/v1/rules", &[("type", "alert")]).await?;
+        let groups = data["groups"].as_array()?.clone();
+        let all: Vec<Value> = groups.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).collect();
+        for rule in &all {
+            assert_ne!(rule["health"], "err", "{rule}");
+        }
+        all.iter().all(|rule| rule["health"] == "ok").then_some(())
+    })
+    .await;
+    let healthy = prometheus.get("/api/v1/alerts", &[]).await.unwrap();
+    assert_eq!(healthy["alerts"].as_array().map(Vec::len), Some(0), "alerts on a healthy database: {healthy}");
+
+    // The object store unreachable from the primary: its next segment fails to archive.
+    let port = store.endpoint.rsplit(':').next().unwrap().to_string();
+    let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");
+    let block = ["iptables", "-A", "OUTPUT", "-p", "tcp", "-d", BRIDGE_ADDRESS, "--dport", &port, "-j", "REJECT"];
+    host::in_network_of(agent.pid, &block);
+    psql_in_instance(bed.ns(), &primary, "SELECT pg_switch_wal()");
+    let archiving = prometheus.firing("DBServiceArchivingFailing", Duration::from_secs(180)).await;
+    assert_eq!(archiving["pod"], primary.as_str(), "{archiving}");
+    eprintln!("[monitoring] DBServiceArchivingFailing fired for {primary}");
+
+    // The standby's stream cut: connections to the primary refused, its WAL receiver ended.
+    let primary_address =
+        crate::support::kubectl(&["-n", bed.ns(), "get", "pod", &primary, "-o", "jsonpath={.status.podIP}"]);
+    let standby_agent = host::agent(bed.ns(), &standby).expect("the standby's agent runs on this machine");
+    let cut =
+        ["iptables", "-A", "OUTPUT", "-p", "tcp", "-d", primary_address.trim(), "--dport", "5432", "-j", "REJECT"];
+    host::in_network_of(standby_agent.pid, &cut);
+    for receiver in host::processes_of(bed.ns(), &standby) {
+        if receiver.arguments.first().is_some_and(|name| name.contains("walreceiver")) {
+            host::signal(receiver.pid, libc::SIGTERM);
+        }
+    }
+    let replication = prometheus.firing("DBServiceReplicationBroken", Duration::from_secs(180)).await;
+    assert_eq!(replication["pod"], standby.as_str(), "{replication}");
+    eprintln!("[monitoring] DBServiceReplicationBroken fired for {standby}");
+}
