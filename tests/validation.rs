@@ -90,7 +90,7 @@ spec: {version: "12", storageSize: 10Gi, databaseName: app, username: postgres}
     let outcome = validate(&object, None, &settings(FIXED_TODAY.parse().unwrap()));
     assert_eq!(
         outcome.message(),
-        "spec.version: Unsupported value: \"12\": supported major versions are 13 to 18, \
+        "spec.version: Unsupported value: \"12\": supported major versions are 14 to 18, \
          spec.username: Forbidden: \"postgres\" is reserved: \"postgres\" and names starting with \"pg_\" belong to PostgreSQL, \"replicator\" to replication"
     );
 }

