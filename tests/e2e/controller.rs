@@ -182,6 +182,20 @@ async fn children_are_created_and_the_database_becomes_ready() {
         !printed.contains(&String::from_utf8_lossy(&data["password"].0).to_string()),
         "the status view must never show the password"
     );
+    // The same view as a kubectl plugin: the binary installed as `kubectl-dbservice` on PATH.
+    let plugins = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dbservice-operator"), plugins.path().join("kubectl-dbservice"))
+        .unwrap();
+    let path = format!("{}:{}", plugins.path().display(), std::env::var("PATH").unwrap_or_default());
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["dbservice", "status", "orders", "-n", ns])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let plugin_printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "kubectl dbservice: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(plugin_printed.contains(&format!("DatabaseService {ns}/orders")), "{plugin_printed}");
     let missing = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
         .args(["status", "no-such-database", "-n", ns])
         .env("KUBECONFIG", &kubeconfig)
