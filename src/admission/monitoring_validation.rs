@@ -3,7 +3,7 @@
 //! changes without the DatabaseService being reviewed).
 
 use crate::admission::field_error::FieldError;
-use crate::admission::roles_validation::{SECRET_KEY, SECRET_NAME};
+use crate::admission::key_reference::validate_key_reference;
 use crate::api::monitoring::{MonitoringSpec, MAX_QUERY_CONFIG_MAPS};
 
 /// Checks `spec.monitoring`.
@@ -14,19 +14,7 @@ pub fn validate_monitoring(monitoring: &MonitoringSpec, errors: &mut Vec<FieldEr
         errors.push(FieldError::invalid(path, monitoring.custom_queries.len(), detail));
     }
     for (index, reference) in monitoring.custom_queries.iter().enumerate() {
-        if reference.name.len() > 253 || !SECRET_NAME.is_match(&reference.name) {
-            errors.push(FieldError::invalid(
-                &format!("{path}[{index}].name"),
-                &reference.name,
-                "must be the name of a ConfigMap in this namespace: a lowercase RFC 1123 subdomain of at most 253 characters",
-            ));
-        }
-        if reference.key.as_deref().is_some_and(|key| !SECRET_KEY.is_match(key)) {
-            errors.push(FieldError::invalid(
-                &format!("{path}[{index}].key"),
-                reference.key.as_deref().unwrap_or_default(),
-                "must be a ConfigMap key: letters, digits, '-', '_' or '.', at most 253 characters",
-            ));
-        }
+        let reference_path = format!("{path}[{index}]");
+        validate_key_reference(&reference_path, "ConfigMap", &reference.name, reference.key.as_deref(), errors);
     }
 }

@@ -3,6 +3,7 @@
 //! server's files or programs, owners that exist, and nothing removed that the application uses.
 
 use crate::admission::field_error::{FieldError, FieldErrorKind};
+use crate::admission::key_reference::validate_key_reference;
 use crate::api::database_service::DatabaseServiceSpec;
 use crate::api::pod::{REPLICATION_USER, SUPERUSER};
 use crate::api::roles::{DatabaseSpec, RoleSpec, MAX_DATABASES, MAX_EXTENSIONS, MAX_MEMBERSHIPS, MAX_ROLES};
@@ -15,15 +16,6 @@ static NAME: LazyLock<regex::Regex> =
 /// An extension's name (`uuid-ossp` has a `-`).
 static EXTENSION_NAME: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z0-9_][a-z0-9_-]{0,62}$").expect("extension pattern compiles"));
-/// A DNS subdomain (a Secret's name).
-pub(crate) static SECRET_NAME: LazyLock<regex::Regex> = LazyLock::new(|| {
-    regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-        .expect("subdomain pattern compiles")
-});
-/// A Secret's key.
-pub(crate) static SECRET_KEY: LazyLock<regex::Regex> =
-    LazyLock::new(|| regex::Regex::new(r"^[-._a-zA-Z0-9]{1,253}$").expect("key pattern compiles"));
-
 const NAME_RULE: &str =
     "must be a lowercase letter or '_' first, then lowercase letters, digits or '_', at most 63 bytes";
 
@@ -151,20 +143,8 @@ fn validate_role(
         validate_membership(&member_path, role, member_of, spec, declared, major, errors);
     }
     if let Some(secret) = &role.password_secret {
-        if secret.name.len() > 253 || !SECRET_NAME.is_match(&secret.name) {
-            errors.push(FieldError::invalid(
-                &format!("{path}.passwordSecret.name"),
-                &secret.name,
-                "must be the name of a Secret in this namespace: a lowercase RFC 1123 subdomain of at most 253 characters",
-            ));
-        }
-        if secret.key.as_deref().is_some_and(|key| !SECRET_KEY.is_match(key)) {
-            errors.push(FieldError::invalid(
-                &format!("{path}.passwordSecret.key"),
-                secret.key.as_deref().unwrap_or_default(),
-                "must be a Secret key: letters, digits, '-', '_' or '.', at most 253 characters",
-            ));
-        }
+        let secret_path = format!("{path}.passwordSecret");
+        validate_key_reference(&secret_path, "Secret", &secret.name, secret.key.as_deref(), errors);
         if !role.present() {
             errors.push(forbidden(format!("{path}.passwordSecret"), "a role that is absent has no password".into()));
         }

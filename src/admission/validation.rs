@@ -21,13 +21,8 @@ pub const NEWEST_SUPPORTED_MAJOR: u32 = 18;
 pub const MAX_NAME_LENGTH: usize = 52;
 
 /// End of community support for each major (PostgreSQL versioning policy: five years).
-const END_OF_LIFE: [(u32, (i32, u32, u32)); 5] = [
-    (14, (2026, 11, 12)),
-    (15, (2027, 11, 11)),
-    (16, (2028, 11, 9)),
-    (17, (2029, 11, 8)),
-    (18, (2030, 11, 14)),
-];
+const END_OF_LIFE: [(u32, (i32, u32, u32)); 5] =
+    [(14, (2026, 11, 12)), (15, (2027, 11, 11)), (16, (2028, 11, 9)), (17, (2029, 11, 8)), (18, (2030, 11, 14))];
 
 static IDENTIFIER_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z_][a-z0-9_]*$").expect("identifier pattern compiles"));

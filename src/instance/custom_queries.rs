@@ -30,6 +30,9 @@ pub const MAX_QUERY_LENGTH: usize = 4_096;
 pub const MAX_LABELS: usize = 8;
 /// Longest wait for one ConfigMap read.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long the ConfigMaps' texts are reused: a scrape every few seconds must not read them from
+/// the API server every time (a ConfigMap edit shows within this).
+const CONFIG_MAP_REFRESH: Duration = Duration::from_secs(30);
 /// statement_timeout of a user query.
 const STATEMENT_TIMEOUT_MILLISECONDS: u32 = 2_000;
 
@@ -125,6 +128,8 @@ pub enum QueriesSource {
         database: watch::Receiver<Option<Arc<DatabaseService>>>,
         /// ConfigMaps of the namespace.
         config_maps: Box<kube::Api<ConfigMap>>,
+        /// The texts last read, reused for [`CONFIG_MAP_REFRESH`].
+        cache: Arc<tokio::sync::Mutex<Option<ReadTexts>>>,
     },
     /// Fixed texts (tests on loopback): ConfigMap texts, the application's role and database.
     Fixed {
@@ -137,6 +142,54 @@ pub enum QueriesSource {
     },
 }
 
+/// The ConfigMap texts of one read.
+pub struct ReadTexts {
+    /// The references read (name, key), in the spec's order.
+    references: Vec<(String, String)>,
+    /// When.
+    read_at: std::time::Instant,
+    /// The keys' texts found.
+    texts: Vec<String>,
+    /// References that could not be read.
+    unreadable: u32,
+}
+
+impl QueriesSource {
+    /// Queries from the DatabaseService the agent watches and its namespace's ConfigMaps.
+    pub fn from_api(
+        database: watch::Receiver<Option<Arc<DatabaseService>>>,
+        config_maps: kube::Api<ConfigMap>,
+    ) -> QueriesSource {
+        QueriesSource::Api { database, config_maps: Box::new(config_maps), cache: Arc::default() }
+    }
+}
+
+/// Reads the keys `references` name; the texts found and how many could not be read.
+async fn read_config_maps(config_maps: &kube::Api<ConfigMap>, references: &[(String, String)]) -> (Vec<String>, u32) {
+    let (mut found, mut unreadable) = (Vec::new(), 0);
+    for (name, key) in references {
+        let read = tokio::time::timeout(READ_TIMEOUT, config_maps.get_opt(name)).await;
+        let text = match read {
+            Ok(Ok(config_map)) => {
+                config_map.and_then(|config_map| config_map.data).and_then(|mut data| data.remove(key))
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(config_map = %name, %error, "custom queries: cannot read the ConfigMap");
+                None
+            }
+            Err(_) => None,
+        };
+        match text {
+            Some(text) => found.push(text),
+            None => {
+                tracing::warn!(config_map = %name, %key, "custom queries: no such ConfigMap key");
+                unreadable += 1;
+            }
+        }
+    }
+    (found, unreadable)
+}
+
 /// The queries' texts, the application's role and database, and the ConfigMaps that could not be read.
 async fn texts(source: &QueriesSource) -> Option<(Vec<String>, String, String, u32)> {
     match source {
@@ -144,39 +197,34 @@ async fn texts(source: &QueriesSource) -> Option<(Vec<String>, String, String, u
         QueriesSource::Fixed { texts, application_user, database } => {
             Some((texts.clone(), application_user.clone(), database.clone(), 0))
         }
-        QueriesSource::Api { database, config_maps } => {
+        QueriesSource::Api { database, config_maps, cache } => {
             let database = database.borrow().clone()?;
-            let references = database
+            let references: Vec<(String, String)> = database
                 .spec
                 .monitoring
-                .as_ref()
-                .map(|monitoring| monitoring.custom_queries.clone())
-                .unwrap_or_default();
+                .iter()
+                .flat_map(|monitoring| &monitoring.custom_queries)
+                .map(|reference| (reference.name.clone(), reference.key_or_default().to_string()))
+                .collect();
             if references.is_empty() {
                 return None;
             }
-            let (mut found, mut unreadable) = (Vec::new(), 0);
-            for reference in references {
-                let read = tokio::time::timeout(READ_TIMEOUT, config_maps.get_opt(&reference.name)).await;
-                let text = match read {
-                    Ok(Ok(config_map)) => config_map
-                        .and_then(|config_map| config_map.data)
-                        .and_then(|mut data| data.remove(reference.key_or_default())),
-                    Ok(Err(error)) => {
-                        tracing::warn!(config_map = %reference.name, %error, "custom queries: cannot read the ConfigMap");
-                        None
-                    }
-                    Err(_) => None,
-                };
-                match text {
-                    Some(text) => found.push(text),
-                    None => {
-                        tracing::warn!(config_map = %reference.name, key = reference.key_or_default(), "custom queries: no such ConfigMap key");
-                        unreadable += 1;
-                    }
-                }
+            // One read at a time; scrapes in between reuse it.
+            let mut cached = cache.lock().await;
+            let fresh = cached
+                .as_ref()
+                .is_some_and(|read| read.references == references && read.read_at.elapsed() < CONFIG_MAP_REFRESH);
+            if !fresh {
+                let (texts, unreadable) = read_config_maps(config_maps, &references).await;
+                *cached = Some(ReadTexts { references, read_at: std::time::Instant::now(), texts, unreadable });
             }
-            Some((found, database.spec.username.clone(), database.spec.database_name.clone(), unreadable))
+            let read = cached.as_ref().expect("just read");
+            Some((
+                read.texts.clone(),
+                database.spec.username.clone(),
+                database.spec.database_name.clone(),
+                read.unreadable,
+            ))
         }
     }
 }

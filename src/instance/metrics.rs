@@ -107,17 +107,53 @@ const QUERIES: &[Query] = &[
         sql: "SELECT NULL::text, COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' AND xact_start IS NOT NULL", label: None, primary_only: false },
 ];
 
-/// Checkpoints by kind: pg_stat_checkpointer from 17 on, pg_stat_bgwriter before.
-fn checkpoint_query(version: i32) -> &'static str {
+/// Checkpoints by kind from pg_stat_checkpointer (17 on).
+const CHECKPOINTS: Query = Query {
+    name: "dbservice_postgres_checkpoints",
+    help: "Checkpoints by kind (timed, requested)",
+    kind: MetricKind::Counter,
+    sql: "SELECT 'timed'::text, num_timed::float8 FROM pg_stat_checkpointer UNION ALL SELECT 'requested', num_requested::float8 FROM pg_stat_checkpointer",
+    label: Some("kind"),
+    primary_only: false,
+};
+
+/// The same family from pg_stat_bgwriter (before 17).
+const CHECKPOINTS_BEFORE_17: Query = Query {
+    sql: "SELECT 'timed'::text, checkpoints_timed::float8 FROM pg_stat_bgwriter UNION ALL SELECT 'requested', checkpoints_req::float8 FROM pg_stat_bgwriter",
+    ..CHECKPOINTS
+};
+
+/// The checkpoints family of a server of `server_version_num` `version`.
+fn checkpoints(version: i32) -> &'static Query {
     if version >= 170_000 {
-        "SELECT 'timed'::text, num_timed::float8 FROM pg_stat_checkpointer UNION ALL SELECT 'requested', num_requested::float8 FROM pg_stat_checkpointer"
+        &CHECKPOINTS
     } else {
-        "SELECT 'timed'::text, checkpoints_timed::float8 FROM pg_stat_bgwriter UNION ALL SELECT 'requested', checkpoints_req::float8 FROM pg_stat_bgwriter"
+        &CHECKPOINTS_BEFORE_17
     }
 }
 
-async fn family(client: &Client, query: &Query, sql: &str) -> Result<Family, tokio_postgres::Error> {
-    let samples = rows(client, sql)
+/// Families only a standby has.
+const STANDBY_QUERIES: [Query; 2] = [
+    Query {
+        name: "dbservice_postgres_standby_replay_delay_seconds",
+        help: "On a standby: seconds since the last replayed transaction's commit time (grows while the primary is idle)",
+        kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8 WHERE pg_last_xact_replay_timestamp() IS NOT NULL",
+        label: None,
+        primary_only: false,
+    },
+    Query {
+        name: "dbservice_postgres_wal_receiver_streaming",
+        help: "On a standby: 1 while its WAL receiver streams from the primary",
+        kind: MetricKind::Gauge,
+        sql: "SELECT NULL::text, count(*)::float8 FROM pg_stat_wal_receiver WHERE status = 'streaming'",
+        label: None,
+        primary_only: false,
+    },
+];
+
+async fn family(client: &Client, query: &Query) -> Result<Family, tokio_postgres::Error> {
+    let samples = rows(client, query.sql)
         .await?
         .iter()
         .filter_map(|row| {
@@ -157,39 +193,14 @@ pub async fn collect(config: &InstanceConfig, custom: &QueriesSource) -> Vec<Fam
         Family::gauge("dbservice_postgres_server_version", "server_version_num", f64::from(version)),
     ];
     let mut errors = 0.0;
-    let checkpoints = Query {
-        name: "dbservice_postgres_checkpoints",
-        help: "Checkpoints by kind (timed, requested)",
-        kind: MetricKind::Counter,
-        sql: "",
-        label: Some("kind"),
-        primary_only: false,
-    };
-    let standby_lag = Query {
-        name: "dbservice_postgres_standby_replay_delay_seconds",
-        help: "On a standby: seconds since the last replayed transaction's commit time (grows while the primary is idle)",
-        kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8 WHERE pg_last_xact_replay_timestamp() IS NOT NULL",
-        label: None,
-        primary_only: false,
-    };
-    let mut wanted: Vec<(&Query, &str)> =
-        QUERIES.iter().filter(|query| !(standby && query.primary_only)).map(|query| (query, query.sql)).collect();
-    wanted.push((&checkpoints, checkpoint_query(version)));
-    let receiver = Query {
-        name: "dbservice_postgres_wal_receiver_streaming",
-        help: "On a standby: 1 while its WAL receiver streams from the primary",
-        kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, count(*)::float8 FROM pg_stat_wal_receiver WHERE status = 'streaming'",
-        label: None,
-        primary_only: false,
-    };
-    if standby {
-        wanted.push((&standby_lag, standby_lag.sql));
-        wanted.push((&receiver, receiver.sql));
-    }
-    for (query, sql) in wanted {
-        match family(&client, query, sql).await {
+    let standby_queries: &[Query] = if standby { &STANDBY_QUERIES } else { &[] };
+    let wanted = QUERIES
+        .iter()
+        .filter(|query| !(standby && query.primary_only))
+        .chain(std::iter::once(checkpoints(version)))
+        .chain(standby_queries);
+    for query in wanted {
+        match family(&client, query).await {
             Ok(family) => families.push(family),
             Err(error) => {
                 errors += 1.0;
@@ -267,7 +278,8 @@ mod tests {
 
     #[test]
     fn checkpoints_come_from_the_view_the_major_has() {
-        assert!(checkpoint_query(170_002).contains("pg_stat_checkpointer"));
-        assert!(checkpoint_query(150_010).contains("pg_stat_bgwriter"));
+        assert!(checkpoints(170_002).sql.contains("pg_stat_checkpointer"));
+        assert!(checkpoints(150_010).sql.contains("pg_stat_bgwriter"));
+        assert_eq!(checkpoints(150_010).name, checkpoints(180_000).name);
     }
 }

@@ -261,10 +261,10 @@ pub async fn run(args: InstanceRunArgs) -> anyhow::Result<()> {
         metrics,
         crate::instance::metrics::router(
             config.clone(),
-            crate::instance::custom_queries::QueriesSource::Api {
-                database: control_plane.database_watch(),
-                config_maps: Box::new(kube::Api::namespaced(client_for_queries, &args.namespace)),
-            },
+            crate::instance::custom_queries::QueriesSource::from_api(
+                control_plane.database_watch(),
+                kube::Api::namespaced(client_for_queries, &args.namespace),
+            ),
         ),
         stop.clone(),
     ));

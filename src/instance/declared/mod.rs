@@ -254,7 +254,8 @@ async fn remove_role(config: &InstanceConfig, client: &Client, role: &str, heir:
 /// [`KEEP_INTERVAL`] after the last pass; keeps the last outcome for the report.
 #[derive(Debug, Default)]
 pub struct DeclaredKeeper {
-    wanted: Option<Declarations>,
+    /// The declarations and their fingerprint, computed once per change (not on every step).
+    wanted: Option<(Declarations, String)>,
     running: Option<(String, tokio::task::JoinHandle<DeclaredObjectsStatus>)>,
     finished_at: Option<Instant>,
     status: Option<DeclaredObjectsStatus>,
@@ -264,8 +265,8 @@ impl DeclaredKeeper {
     /// The declarations as the API has them now (None: unknown, the last ones stay).
     pub fn want(&mut self, declarations: Option<&Declarations>) {
         if let Some(declarations) = declarations {
-            if self.wanted.as_ref() != Some(declarations) {
-                self.wanted = Some(declarations.clone());
+            if self.wanted.as_ref().map(|(wanted, _)| wanted) != Some(declarations) {
+                self.wanted = Some((declarations.clone(), declarations.fingerprint()));
             }
         }
     }
@@ -273,8 +274,8 @@ impl DeclaredKeeper {
     /// Called on every step of a ready primary whose own roles are kept: starts a pass when one
     /// is due, or collects the finished one.
     pub fn keep(&mut self, config: &InstanceConfig, secrets: &SecretReader) {
-        let Some(wanted) = self.wanted.clone() else { return };
-        let fingerprint = wanted.fingerprint();
+        let Some((_, fingerprint)) = &self.wanted else { return };
+        let fingerprint = fingerprint.clone();
         if let Some((running_for, task)) = &self.running {
             if !task.is_finished() {
                 return;
@@ -305,6 +306,7 @@ impl DeclaredKeeper {
                 return;
             }
         }
+        let Some((wanted, _)) = &self.wanted else { return };
         if wanted.is_empty() && self.status.is_none() {
             return;
         }
@@ -312,7 +314,7 @@ impl DeclaredKeeper {
             self.status.as_ref().and_then(|status| status.declarations.as_deref()) != Some(fingerprint.as_str());
         let due = self.finished_at.is_none_or(|at| at.elapsed() >= KEEP_INTERVAL);
         if changed || due {
-            let (config, secrets) = (config.clone(), secrets.clone());
+            let (config, secrets, wanted) = (config.clone(), secrets.clone(), wanted.clone());
             let task = tokio::spawn(async move { keep_declared(&config, &wanted, &secrets).await });
             self.running = Some((fingerprint, task));
         }
