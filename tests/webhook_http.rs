@@ -593,8 +593,10 @@ impl dbservice_operator::admission::secret_access::SecretAccessReviewer for Revi
         &'a self,
         user: &'a dbservice_operator::admission::review::UserInfo,
         namespace: &'a str,
+        resource: &'a str,
         name: &'a str,
     ) -> dbservice_operator::admission::secret_access::AccessFuture<'a> {
+        assert_eq!(resource, "secrets");
         self.asked.lock().unwrap().push((user.username.clone(), namespace.to_string(), name.to_string()));
         Box::pin(async move { Ok(self.allowed) })
     }

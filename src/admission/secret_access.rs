@@ -5,8 +5,9 @@
 //! and every Secret an UPDATE newly names, must be readable by the requesting user: the webhook asks
 //! the apiserver with a SubjectAccessReview carrying the request's user info, before any Secret is
 //! read or any store contacted, and denies otherwise. The same holds for the server certificate
-//! Secret (`spec.tls.serverCertificateSecret`): the pods mount it; and for the password Secrets of
-//! `spec.roles`: the agents read them.
+//! Secret (`spec.tls.serverCertificateSecret`): the pods mount it; for the password Secrets of
+//! `spec.roles`: the agents read them; and for the ConfigMaps of `spec.monitoring.customQueries`:
+//! the agents run what they hold and publish the answers as metrics.
 
 use crate::admission::field_error::{FieldError, FieldErrorKind};
 use crate::admission::review::UserInfo;
@@ -20,26 +21,58 @@ use std::time::Duration;
 /// Longest wait for the apiserver's answers about one request.
 pub const ACCESS_REVIEW_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A Secret the spec names, and the field naming it.
+/// What a reference names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReferencedKind {
+    /// A Secret.
+    Secret,
+    /// A ConfigMap.
+    ConfigMap,
+}
+
+impl ReferencedKind {
+    /// The API resource (for the SubjectAccessReview).
+    pub fn resource(self) -> &'static str {
+        match self {
+            ReferencedKind::Secret => "secrets",
+            ReferencedKind::ConfigMap => "configmaps",
+        }
+    }
+
+    /// The kind, for messages.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ReferencedKind::Secret => "Secret",
+            ReferencedKind::ConfigMap => "ConfigMap",
+        }
+    }
+}
+
+/// A Secret or ConfigMap the spec names, and the field naming it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretReference {
     /// JSON path of the field, for the denial message.
     pub field: String,
-    /// The Secret's name (in the DatabaseService's namespace).
+    /// The object's name (in the DatabaseService's namespace).
     pub name: String,
+    /// A Secret or a ConfigMap.
+    pub kind: ReferencedKind,
 }
 
-fn store_references(store: &ObjectStore, path: &str, into: &mut Vec<SecretReference>) {
-    into.push(SecretReference {
-        field: format!("{path}.credentialsSecret.name"),
-        name: store.credentials_secret.name.clone(),
-    });
-    if let Some(ca) = &store.ca_secret {
-        into.push(SecretReference { field: format!("{path}.caSecret.name"), name: ca.name.clone() });
+impl SecretReference {
+    fn secret(field: String, name: &str) -> SecretReference {
+        SecretReference { field, name: name.to_string(), kind: ReferencedKind::Secret }
     }
 }
 
-/// Every Secret `spec` names (pure).
+fn store_references(store: &ObjectStore, path: &str, into: &mut Vec<SecretReference>) {
+    into.push(SecretReference::secret(format!("{path}.credentialsSecret.name"), &store.credentials_secret.name));
+    if let Some(ca) = &store.ca_secret {
+        into.push(SecretReference::secret(format!("{path}.caSecret.name"), &ca.name));
+    }
+}
+
+/// Every Secret and ConfigMap `spec` names (pure).
 pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     let mut references = Vec::new();
     if let Some(backup) = &spec.backup {
@@ -50,27 +83,38 @@ pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     }
     // The pods mount it, so whoever runs the database's image could read its key.
     if let Some(secret) = spec.user_server_certificate() {
-        references.push(SecretReference { field: "spec.tls.serverCertificateSecret".into(), name: secret.into() });
+        references.push(SecretReference::secret("spec.tls.serverCertificateSecret".into(), secret));
     }
     // The agents read it and set it as a role's password.
     for (index, role) in spec.roles.iter().enumerate() {
         if let Some(secret) = &role.password_secret {
-            references.push(SecretReference {
-                field: format!("spec.roles[{index}].passwordSecret.name"),
-                name: secret.name.clone(),
-            });
+            references.push(SecretReference::secret(format!("spec.roles[{index}].passwordSecret.name"), &secret.name));
         }
+    }
+    // The agents run its queries and publish their answers.
+    for (index, reference) in spec.monitoring.iter().flat_map(|monitoring| &monitoring.custom_queries).enumerate() {
+        references.push(SecretReference {
+            field: format!("spec.monitoring.customQueries[{index}].name"),
+            name: reference.name.clone(),
+            kind: ReferencedKind::ConfigMap,
+        });
     }
     references
 }
 
-/// The Secrets a request must be allowed to read: all that the new spec names, less those the
+/// The objects a request must be allowed to read: all that the new spec names, less those the
 /// old spec named already (an UPDATE by someone else of an unrelated field keeps working).
 pub fn to_review(new: &DatabaseServiceSpec, old: Option<&DatabaseServiceSpec>) -> Vec<SecretReference> {
-    let before: Vec<String> =
-        old.map(referenced_secrets).unwrap_or_default().into_iter().map(|reference| reference.name).collect();
-    let mut wanted: Vec<SecretReference> =
-        referenced_secrets(new).into_iter().filter(|reference| !before.contains(&reference.name)).collect();
+    let before: Vec<(ReferencedKind, String)> = old
+        .map(referenced_secrets)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|reference| (reference.kind, reference.name))
+        .collect();
+    let mut wanted: Vec<SecretReference> = referenced_secrets(new)
+        .into_iter()
+        .filter(|reference| !before.contains(&(reference.kind, reference.name.clone())))
+        .collect();
     wanted.dedup_by(|left, right| left.name == right.name && left.field == right.field);
     wanted
 }
@@ -78,10 +122,17 @@ pub fn to_review(new: &DatabaseServiceSpec, old: Option<&DatabaseServiceSpec>) -
 /// A boxed answer (the reviewer is a trait object in the admission state).
 pub type AccessFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, String>> + Send + 'a>>;
 
-/// Asks whether a user may read a Secret.
+/// Asks whether a user may read a Secret or ConfigMap.
 pub trait SecretAccessReviewer: Send + Sync {
-    /// Whether `user` may `get` Secret `name` in `namespace`; Err with a one-line reason.
-    fn may_read<'a>(&'a self, user: &'a UserInfo, namespace: &'a str, name: &'a str) -> AccessFuture<'a>;
+    /// Whether `user` may `get` the `resource` ("secrets", "configmaps") `name` in `namespace`;
+    /// Err with a one-line reason.
+    fn may_read<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        namespace: &'a str,
+        resource: &'a str,
+        name: &'a str,
+    ) -> AccessFuture<'a>;
 }
 
 /// The denials for `references` given `user`'s access, each naming its field. An unanswered
@@ -94,17 +145,21 @@ pub async fn check(
 ) -> Vec<FieldError> {
     let mut errors = Vec::new();
     for reference in references {
-        let answer = tokio::time::timeout(ACCESS_REVIEW_TIMEOUT, reviewer.may_read(user, namespace, &reference.name))
+        let kind = reference.kind.kind();
+        let asked = reviewer.may_read(user, namespace, reference.kind.resource(), &reference.name);
+        let answer = tokio::time::timeout(ACCESS_REVIEW_TIMEOUT, asked)
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {} s", ACCESS_REVIEW_TIMEOUT.as_secs())));
         let detail = match answer {
             Ok(true) => continue,
             Ok(false) => format!(
-                "{} may not read Secret {:?} in namespace {namespace}: a DatabaseService may name only Secrets its author can read",
+                "{} may not read {kind} {:?} in namespace {namespace}: a DatabaseService may name only {kind}s its author can read",
                 user.describe(),
                 reference.name
             ),
-            Err(reason) => format!("could not check whether {} may read Secret {:?}: {reason}", user.describe(), reference.name),
+            Err(reason) => {
+                format!("could not check whether {} may read {kind} {:?}: {reason}", user.describe(), reference.name)
+            }
         };
         errors.push(FieldError { path: reference.field.clone(), kind: FieldErrorKind::Forbidden, detail });
     }
@@ -122,7 +177,7 @@ impl KubeSecretAccessReviewer {
         KubeSecretAccessReviewer { client }
     }
 
-    async fn review(&self, user: &UserInfo, namespace: &str, name: &str) -> Result<bool, String> {
+    async fn review(&self, user: &UserInfo, namespace: &str, resource: &str, name: &str) -> Result<bool, String> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.username.clone()),
@@ -132,7 +187,7 @@ impl KubeSecretAccessReviewer {
                 resource_attributes: Some(ResourceAttributes {
                     namespace: Some(namespace.to_string()),
                     verb: Some("get".into()),
-                    resource: Some("secrets".into()),
+                    resource: Some(resource.to_string()),
                     name: Some(name.to_string()),
                     ..Default::default()
                 }),
@@ -150,8 +205,14 @@ impl KubeSecretAccessReviewer {
 }
 
 impl SecretAccessReviewer for KubeSecretAccessReviewer {
-    fn may_read<'a>(&'a self, user: &'a UserInfo, namespace: &'a str, name: &'a str) -> AccessFuture<'a> {
-        Box::pin(self.review(user, namespace, name))
+    fn may_read<'a>(
+        &'a self,
+        user: &'a UserInfo,
+        namespace: &'a str,
+        resource: &'a str,
+        name: &'a str,
+    ) -> AccessFuture<'a> {
+        Box::pin(self.review(user, namespace, resource, name))
     }
 }
 
@@ -202,6 +263,36 @@ mod tests {
     }
 
     #[test]
+    fn custom_query_config_maps_are_reviewed_as_config_maps() {
+        let mut spec = spec(None, None);
+        spec.monitoring = Some(crate::api::monitoring::MonitoringSpec {
+            custom_queries: vec![crate::api::monitoring::ConfigMapKeyReference { name: "queries".into(), key: None }],
+        });
+        let references = referenced_secrets(&spec);
+        assert_eq!(names(&references), [("spec.monitoring.customQueries[0].name", "queries")]);
+        assert_eq!(references[0].kind.resource(), "configmaps");
+        // A Secret of the same name is another object: naming it is reviewed on its own.
+        let mut with_secret = spec.clone();
+        with_secret.tls =
+            Some(crate::api::database_service::TlsSpec { server_certificate_secret: Some("queries".into()) });
+        assert_eq!(names(&to_review(&with_secret, Some(&spec))), [("spec.tls.serverCertificateSecret", "queries")]);
+    }
+
+    #[tokio::test]
+    async fn a_config_map_the_user_may_not_read_is_forbidden_by_its_kind() {
+        let mut spec = spec(None, None);
+        spec.monitoring = Some(crate::api::monitoring::MonitoringSpec {
+            custom_queries: vec![crate::api::monitoring::ConfigMapKeyReference { name: "queries".into(), key: None }],
+        });
+        let denied = check(&Answers(Ok(false)), &author(), "team", &referenced_secrets(&spec)).await;
+        assert_eq!(
+            denied[0].to_string(),
+            "spec.monitoring.customQueries[0].name: Forbidden: User \"author@example.com\" may not read ConfigMap \"queries\" \
+             in namespace team: a DatabaseService may name only ConfigMaps its author can read"
+        );
+    }
+
+    #[test]
     fn an_update_reviews_only_the_secrets_it_newly_names() {
         let old = spec(Some(store("own", None)), None);
         assert!(to_review(&old, Some(&old)).is_empty(), "an unrelated change reviews nothing");
@@ -212,14 +303,14 @@ mod tests {
 
     struct Answers(Result<bool, String>);
     impl SecretAccessReviewer for Answers {
-        fn may_read<'a>(&'a self, _: &'a UserInfo, _: &'a str, _: &'a str) -> AccessFuture<'a> {
+        fn may_read<'a>(&'a self, _: &'a UserInfo, _: &'a str, _: &'a str, _: &'a str) -> AccessFuture<'a> {
             Box::pin(async move { self.0.clone() })
         }
     }
 
     struct Silent;
     impl SecretAccessReviewer for Silent {
-        fn may_read<'a>(&'a self, _: &'a UserInfo, _: &'a str, _: &'a str) -> AccessFuture<'a> {
+        fn may_read<'a>(&'a self, _: &'a UserInfo, _: &'a str, _: &'a str, _: &'a str) -> AccessFuture<'a> {
             Box::pin(std::future::pending())
         }
     }

@@ -246,6 +246,19 @@ async fn a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted
         "{message}"
     );
 
+    // A ConfigMap of custom queries: the agents run what it holds and publish the answers.
+    let querying = database_from_yaml(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: querying\nspec:\n  version: \"16\"\n  \
+         storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  monitoring:\n    customQueries: [{name: private-queries}]\n",
+    );
+    let message = rejection_message(authors.create(&PostParams::default(), &querying).await.unwrap_err());
+    assert!(
+        message.contains(&format!(
+            "spec.monitoring.customQueries[0].name: Forbidden: User \"{author}\" may not read ConfigMap \"private-queries\""
+        )),
+        "{message}"
+    );
+
     // The same object by someone who may read the Secret is admitted, and the webhook does read the
     // store: the listener sees the signed request (it would have seen an exfiltration).
     let databases: Api<DatabaseService> = Api::namespaced(admin.clone(), ns);
