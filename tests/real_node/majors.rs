@@ -3,7 +3,7 @@
 //! that creates a two-instance database archiving into an object store, checks both instances run
 //! that major and the standby streams, backs up, fails over by deleting the primary's pod, and
 //! recovers a new database from the archive with every committed row. The full suites run on the
-//! default major (15).
+//! default major (15). Each takes one of the fault suite's slots.
 
 use crate::backups::{archiving, object_store, BRIDGE_ADDRESS};
 use crate::environment::wait_running;
@@ -37,6 +37,7 @@ async fn smoke(major: u32) {
         .find(|version| version.split('.').next() == Some(major.to_string().as_str()))
         .unwrap_or_else(|| panic!("no image of PostgreSQL {major} on the real node (tests/cluster/images.sh node)"))
         .clone();
+    let _slot = crate::faults::slot().await;
     let started = Instant::now();
     install_chart(node);
     let client = admin_client().await;
