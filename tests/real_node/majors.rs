@@ -15,7 +15,7 @@ use crate::object_store::{moto_server, skip_or_fail, Store, PREFIX};
 use crate::support::{create_store_secret, eventually};
 use dbservice_operator::api::backup::{BootstrapSpec, RecoverySpec};
 use dbservice_operator::api::database_service::DatabaseService;
-use dbservice_operator::api::database_service_backup::{BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec};
+use dbservice_operator::api::database_service_backup::{DatabaseServiceBackup, DatabaseServiceBackupSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
@@ -70,12 +70,7 @@ async fn smoke(major: u32) {
     let backups: Api<DatabaseServiceBackup> = Api::namespaced(client.clone(), ns);
     let spec = DatabaseServiceBackupSpec { database_service: DATABASE.into(), target: None };
     backups.create(&PostParams::default(), &DatabaseServiceBackup::new("smoke", spec)).await.unwrap();
-    let backup = eventually("the backup Completed", Duration::from_secs(300), || async {
-        let status = backups.get("smoke").await.ok()?.status?;
-        assert_ne!(status.phase, Some(BackupPhase::Failed), "the backup failed: {:?}", status.message);
-        (status.phase == Some(BackupPhase::Completed)).then_some(status)
-    })
-    .await;
+    let backup = crate::recovery::completed(&backups, "smoke").await;
     assert_eq!(backup.postgres_major_version, Some(i64::from(major)), "{backup:?}");
 
     // A failover: the primary's pod deleted, the standby promoted, the former primary streams again.

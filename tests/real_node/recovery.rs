@@ -28,7 +28,7 @@ const SOURCE: &str = "orders";
 const RESTORED: &str = "restored";
 
 /// The status of a backup once it completed (a failure ends the wait with its message).
-async fn completed(backups: &Api<DatabaseServiceBackup>, name: &str) -> DatabaseServiceBackupStatus {
+pub(crate) async fn completed(backups: &Api<DatabaseServiceBackup>, name: &str) -> DatabaseServiceBackupStatus {
     eventually(&format!("backup {name} Completed"), Duration::from_secs(300), || async {
         let status = backups.get_opt(name).await.ok()??.status?;
         assert_ne!(status.phase, Some(BackupPhase::Failed), "backup {name} failed: {:?}", status.message);
