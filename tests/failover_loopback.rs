@@ -386,9 +386,18 @@ async fn instance_status_command_reports_role_timeline_and_positions() {
             .expect("run dbservice-operator")
     };
     for (name, in_recovery) in [("db-0", false), ("db-1", true)] {
-        let output = status(name, &[]);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+        // A standby's stream legitimately reconnects once after start (it moves onto its
+        // replication slot), so the standby's answer is polled until it streams, with a deadline.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let json = loop {
+            let output = status(name, &[]);
+            assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+            if json["streaming"] == in_recovery || Instant::now() > deadline {
+                break json;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         assert_eq!(json["inRecovery"], in_recovery, "{json}");
         assert_eq!(json["timeline"], 1, "{json}");
         let position = if in_recovery { "receivedLsn" } else { "currentLsn" };

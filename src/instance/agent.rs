@@ -596,8 +596,7 @@ impl<C: ControlPlane> Agent<C> {
 
     /// Re-points a standby that takes no connections yet. One that started following a primary
     /// which was lost before the standby reached a consistent state waits for WAL only the new
-    /// primary has; without this it would wait forever (its pod never turns ready, and with
-    /// OrderedReady the StatefulSet would not re-create the pods after it either).
+    /// primary has; without this it would wait forever (its pod never turns ready).
     fn follow_offline(&mut self, upstream: &Upstream) -> Result<(), AgentError> {
         let conninfo = standby::conninfo(&self.config, upstream, true);
         if self.upstream_set.as_deref() != Some(conninfo.as_str()) {

@@ -4,8 +4,9 @@ use crate::controller::{condition, wait_for_ledger, wait_for_phase};
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::Api;
 use std::time::{Duration, Instant};
 
@@ -156,4 +157,98 @@ async fn standbys_without_resources_are_scaled_away_and_restored() {
     }
     assert_eq!(condition(&restored, "Degraded").unwrap().status, "False");
     wait_for_ledger(&client, ns, "hungry", "Recovered").await;
+}
+
+/// A StatefulSet made by an operator version that used OrderedReady (an immutable field) is
+/// re-created with Parallel, its running pods adopted and none of them replaced.
+#[tokio::test]
+async fn an_ordered_ready_stateful_set_is_recreated_parallel_without_replacing_pods() {
+    let Some(kubeconfig) =
+        cluster_or_skip("an_ordered_ready_stateful_set_is_recreated_parallel_without_replacing_pods")
+    else {
+        return;
+    };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "legacy").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let mut database = sample_database("legacy");
+    database.spec.replicas = Some(2);
+    api.create(&PostParams::default(), &database).await.unwrap();
+    wait_for_phase(&api, "legacy", Phase::Running, Duration::from_secs(120)).await;
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let current = stateful_sets.get("legacy").await.unwrap();
+    assert_eq!(current.spec.pod_management_policy.as_deref(), Some("Parallel"));
+
+    // What an older operator left: the same StatefulSet with OrderedReady, made while paused.
+    api.patch("legacy", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"paused": true}})))
+        .await
+        .unwrap();
+    eventually("Paused=True", Duration::from_secs(30), || async {
+        let database = api.get("legacy").await.ok()?;
+        (condition(&database, "Paused")?.status == "True").then_some(())
+    })
+    .await;
+    let orphan = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..Default::default() };
+    stateful_sets.delete("legacy", &orphan).await.unwrap();
+    eventually("the StatefulSet gone", Duration::from_secs(60), || async {
+        stateful_sets.get_opt("legacy").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let mut legacy = current.clone();
+    legacy.metadata = kube::api::ObjectMeta {
+        name: current.metadata.name.clone(),
+        labels: current.metadata.labels.clone(),
+        owner_references: current.metadata.owner_references.clone(),
+        ..Default::default()
+    };
+    legacy.status = None;
+    legacy.spec.pod_management_policy = Some("OrderedReady".into());
+    let legacy = stateful_sets.create(&PostParams::default(), &legacy).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod_uids = |owner: Option<String>| {
+        let pods = pods.clone();
+        async move {
+            let mut uids = Vec::new();
+            for name in ["legacy-0", "legacy-1"] {
+                let pod = pods.get(name).await.ok()?;
+                let owned = pod
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|reference| Some(&reference.uid) == owner.as_ref());
+                if owner.is_some() && !owned {
+                    return None;
+                }
+                uids.push(pod.metadata.uid?);
+            }
+            Some(uids)
+        }
+    };
+    let before = eventually("the pods adopted by the OrderedReady StatefulSet", Duration::from_secs(60), || {
+        pod_uids(legacy.metadata.uid.clone())
+    })
+    .await;
+
+    api.patch("legacy", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"paused": false}})))
+        .await
+        .unwrap();
+    let recreated = eventually("a Parallel StatefulSet in its place", Duration::from_secs(90), || async {
+        let stateful_set = stateful_sets.get_opt("legacy").await.ok()??;
+        (stateful_set.spec.pod_management_policy.as_deref() == Some("Parallel")).then_some(stateful_set)
+    })
+    .await;
+    assert_ne!(recreated.metadata.uid, legacy.metadata.uid);
+    let after = eventually("the pods adopted by the new StatefulSet", Duration::from_secs(90), || {
+        pod_uids(recreated.metadata.uid.clone())
+    })
+    .await;
+    assert_eq!(after, before, "no pod was replaced");
+    wait_for_phase(&api, "legacy", Phase::Running, Duration::from_secs(60)).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    for claim in ["data-legacy-0", "data-legacy-1"] {
+        assert!(claims.get_opt(claim).await.unwrap().is_some(), "{claim} kept");
+    }
 }

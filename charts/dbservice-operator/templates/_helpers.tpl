@@ -241,10 +241,11 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "patch", "delete"]
-# The StatefulSet NAME running PostgreSQL (server-side apply; restarts annotate its pod template).
+# The StatefulSet NAME running PostgreSQL (server-side apply; restarts annotate its pod template;
+# delete re-creates one whose immutable fields changed, its pods orphaned and adopted back).
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods: health feeds status; patch labels each pod dbservice.dev/role=primary|standby (the
 # NAME-replicas Service selects standbys by it); delete replaces a pod stuck broken on an old
 # revision (a StatefulSet never does, which would block every rollback).

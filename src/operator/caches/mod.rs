@@ -96,7 +96,10 @@ impl ChildKind {
     pub fn verbs(self) -> &'static [&'static str] {
         match self {
             // Server-side apply creates with PATCH, which needs create as well.
-            ChildKind::StatefulSet | ChildKind::Service => &["list", "watch", "create", "patch"],
+            ChildKind::Service => &["list", "watch", "create", "patch"],
+            // delete: a StatefulSet whose immutable fields changed is re-created, its pods
+            // orphaned (operator::database::stateful_set_replacement).
+            ChildKind::StatefulSet => &["list", "watch", "create", "patch", "delete"],
             ChildKind::ConfigMap => &["get", "list", "watch", "create", "patch", "update", "delete"],
             ChildKind::Secret => &["get", "list", "watch", "create", "patch", "delete"],
             // get: a primary missing from the cache is read live before its Lease is released.

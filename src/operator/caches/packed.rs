@@ -188,7 +188,7 @@ fn stateful_set_defaults() -> Value {
     json!({
         "spec": {
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
-            "podManagementPolicy": "OrderedReady", "revisionHistoryLimit": 10,
+            "podManagementPolicy": "Parallel", "revisionHistoryLimit": 10,
             "template": {"metadata": {"creationTimestamp": null}, "spec": {
                 "containers": [container], "initContainers": [container],
                 "dnsPolicy": "ClusterFirst", "restartPolicy": "Always", "schedulerName": "default-scheduler",

@@ -14,6 +14,7 @@ use crate::operator::context::PassContext;
 use crate::operator::database::build::{Desired, InstanceAccess};
 use crate::operator::database::decide::{Applied, ApplyOutcome, Workload};
 use crate::operator::database::observe::Observed;
+use crate::operator::database::stateful_set_replacement;
 use crate::operator::server_side_apply;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
@@ -152,6 +153,14 @@ async fn apply_children(
         return Err(error);
     }
     let stateful_sets = Api::namespaced(client.clone(), &namespace);
+    if let Some(live) = observed.stateful_set.as_deref() {
+        if stateful_set_replacement::replace_if_needed(&stateful_sets, live, &stateful_set).await? {
+            // Re-created by a later pass (the deletion's watch event starts it); the pods and
+            // claims wait for it, since their changes are judged against the StatefulSet.
+            applied.children.push((describe(&stateful_set), ApplyOutcome::Updated));
+            return Ok(());
+        }
+    }
     let (outcome, version) =
         apply_object(&stateful_sets, &stateful_set, observed.stateful_set.as_deref(), context).await?;
     context.expectations.expect(&key, "StatefulSet", &stateful_set.name_any(), version);

@@ -24,6 +24,7 @@ pub mod pod_replacement;
 mod reconcile;
 pub mod recovery;
 pub mod settings;
+pub mod stateful_set_replacement;
 pub mod summary;
 pub mod wiring;
 

@@ -70,9 +70,11 @@ pub fn stateful_set(database: &DatabaseService, inputs: &WorkloadInputs) -> Stat
             replicas: Some(inputs.replicas),
             service_name: Some(ChildNames::headless_service(&name)),
             selector: LabelSelector { match_labels: Some(selector_labels(&name)), ..Default::default() },
-            // OrderedReady: the primary (pod 0) is created and ready before any standby, so a standby
-            // can never take the resources the primary needs; standbys bootstrap from it anyway.
-            pod_management_policy: Some("OrderedReady".into()),
+            // Parallel: a missing pod is re-created whatever state the others are in. With
+            // OrderedReady a standby stuck mid-clone (its source lost) blocked the re-creation of
+            // a higher ordinal that held the only copy of the newest commits. Order is the
+            // agents' business anyway: a standby waits for a named primary before it clones.
+            pod_management_policy: Some("Parallel".into()),
             // The operator replaces pods itself, standbys first and the primary only after a
             // switchover (operator::database::pod_replacement); a RollingUpdate would replace the
             // primary's pod whenever its ordinal comes up.
