@@ -42,6 +42,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         parameters: None,
         pending_restart: Vec::new(),
         declared: None,
+        import: None,
     }
 }
 

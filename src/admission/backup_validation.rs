@@ -294,7 +294,7 @@ mod tests {
         DatabaseServiceSpec {
             version: "15".to_string(),
             backup,
-            bootstrap: recovery.map(|recovery| BootstrapSpec { recovery: Some(recovery), initdb: None }),
+            bootstrap: recovery.map(|recovery| BootstrapSpec { recovery: Some(recovery), ..Default::default() }),
             ..Default::default()
         }
     }

@@ -6,6 +6,7 @@ pub mod backup_validation;
 pub mod certificates;
 pub mod connections;
 pub mod field_error;
+pub mod import_validation;
 pub mod key_reference;
 pub mod limits;
 pub mod monitoring_validation;

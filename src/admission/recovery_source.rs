@@ -202,6 +202,7 @@ mod tests {
         database.spec.version = "15".into();
         database.spec.bootstrap = Some(BootstrapSpec {
             initdb: None,
+            import: None,
             recovery: Some(RecoverySpec {
                 source: ObjectStore {
                     endpoint: "http://127.0.0.1:9".into(),

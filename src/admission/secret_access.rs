@@ -81,6 +81,13 @@ pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     if let Some(recovery) = spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.recovery.as_ref()) {
         store_references(&recovery.source, "spec.bootstrap.recovery.source", &mut references);
     }
+    // The first primary's agent reads it to connect to the import's source.
+    if let Some(import) = spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.as_ref()) {
+        references.push(SecretReference::secret(
+            "spec.bootstrap.import.source.passwordSecret.name".into(),
+            &import.source.password_secret.name,
+        ));
+    }
     // The pods mount it, so whoever runs the database's image could read its key.
     if let Some(secret) = spec.user_server_certificate() {
         references.push(SecretReference::secret("spec.tls.serverCertificateSecret".into(), secret));
@@ -236,6 +243,7 @@ mod tests {
             backup: backup.map(|object_store| BackupSpec { object_store, ..Default::default() }),
             bootstrap: recovery.map(|source| BootstrapSpec {
                 initdb: None,
+                import: None,
                 recovery: Some(RecoverySpec { source, backup_id: None, target: None, allow_non_empty_archive: None }),
             }),
             ..Default::default()
@@ -260,6 +268,27 @@ mod tests {
             ]
         );
         assert!(referenced_secrets(&DatabaseServiceSpec::default()).is_empty());
+    }
+
+    #[test]
+    fn the_import_sources_password_secret_is_reviewed() {
+        let mut spec = spec(None, None);
+        spec.bootstrap = Some(BootstrapSpec {
+            import: Some(crate::api::import::ImportSpec {
+                source: crate::api::import::ImportSource {
+                    host: "legacy".into(),
+                    username: "app".into(),
+                    password_secret: SecretKey { name: "legacy-credentials".into(), key: "password".into() },
+                    ..Default::default()
+                },
+                databases: vec!["app".into()],
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            names(&referenced_secrets(&spec)),
+            [("spec.bootstrap.import.source.passwordSecret.name", "legacy-credentials")]
+        );
     }
 
     #[test]

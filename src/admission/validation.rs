@@ -158,6 +158,7 @@ pub fn validate(
     }
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
+    crate::admission::import_validation::validate_import(spec, &mut outcome.errors);
     if let Some(failover) = &spec.failover {
         validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
     }

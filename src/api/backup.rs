@@ -135,6 +135,10 @@ pub struct BootstrapSpec {
     /// WAL segment size); not with recovery, which copies the source's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initdb: Option<crate::api::postgresql::InitdbSpec>,
+    /// Copy named databases from an existing PostgreSQL (any major from 9.2) once the first
+    /// instance runs; not with recovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<crate::api::import::ImportSpec>,
 }
 
 /// Point-in-time recovery into this (new) DatabaseService.

@@ -230,6 +230,9 @@ pub struct DatabaseServiceStatus {
     /// What the primary's agent last did with `spec.roles` and `spec.databases`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared: Option<crate::api::roles::DeclaredObjectsStatus>,
+    /// The import of `spec.bootstrap.import`, as the primary's agent reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<crate::api::import::ImportStatus>,
 }
 
 fn is_zero(value: &i32) -> bool {

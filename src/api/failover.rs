@@ -70,6 +70,10 @@ pub struct InstanceReport {
     /// `instance::declared`); absent on standbys and before the first pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared: Option<crate::api::roles::DeclaredObjectsStatus>,
+    /// A primary's import (`spec.bootstrap.import`, see `instance::import`); absent when there
+    /// is none to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<crate::api::import::ImportStatus>,
 }
 
 /// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.

@@ -8,6 +8,7 @@ pub mod crd;
 pub mod database_service;
 pub mod database_service_backup;
 pub mod failover;
+pub mod import;
 pub mod monitoring;
 pub mod names;
 pub mod parameters;

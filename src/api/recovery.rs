@@ -166,6 +166,7 @@ pub(crate) mod tests {
         let mut database = DatabaseService::new("restored", Default::default());
         database.spec.bootstrap = Some(BootstrapSpec {
             initdb: None,
+            import: None,
             recovery: Some(RecoverySpec {
                 source: ObjectStore {
                     endpoint: "http://10.85.0.1:9000".into(),

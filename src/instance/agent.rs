@@ -5,6 +5,7 @@ use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
+use crate::instance::import::ImportKeeper;
 use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
@@ -93,6 +94,8 @@ pub struct Agent<C> {
     declared: DeclaredKeeper,
     /// Where the declared roles' passwords are read.
     secrets: SecretReader,
+    /// `spec.bootstrap.import`, done once by a primary.
+    import: ImportKeeper,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -160,6 +163,7 @@ impl<C: ControlPlane> Agent<C> {
             configuration: ConfigurationKeeper::default(),
             declared: DeclaredKeeper::default(),
             secrets: SecretReader::default(),
+            import: ImportKeeper::default(),
         }
     }
 
@@ -276,11 +280,16 @@ impl<C: ControlPlane> Agent<C> {
             self.configuration.keep(&self.config, &mut self.postgres).await;
         }
         self.declared.want(desired.declarations.as_ref());
+        self.import.want(desired.import.as_ref());
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
             self.roles.keep(&self.config);
-            // Declared roles may be owned by or granted the application's role: once it is kept.
+            // Declared roles may be owned by or granted the application's role, and imported
+            // objects are owned by it: once it is kept.
             if self.roles.done() || self.config.roles.is_none() {
-                self.declared.keep(&self.config, &self.secrets);
+                self.import.keep(&self.config, &self.secrets);
+                if self.import.settled() {
+                    self.declared.keep(&self.config, &self.secrets);
+                }
             }
         }
         if let LocalState::Ready(sample) = &local {
@@ -420,6 +429,7 @@ impl<C: ControlPlane> Agent<C> {
             parameters: self.configuration.applied_fingerprint(),
             pending_restart: self.configuration.pending_restart(),
             declared: self.declared.status().cloned().filter(|_| role == Role::Primary),
+            import: self.import.status().cloned().filter(|_| role == Role::Primary),
         }
     }
 

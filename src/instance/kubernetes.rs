@@ -48,6 +48,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         instances: Vec::new(),
         configuration: None,
         declarations: None,
+        import: None,
     }
 }
 
@@ -190,6 +191,14 @@ impl ControlPlane for KubeControlPlane {
             hba_rules: database.spec.hba_rules().to_vec(),
         });
         desired.declarations = Some(database.spec.declarations());
+        // Once the status says Completed the import is history: a later primary never runs it.
+        let imported = database
+            .status
+            .as_ref()
+            .and_then(|status| status.import.as_ref())
+            .is_some_and(|import| import.phase == crate::api::import::ImportPhase::Completed);
+        desired.import =
+            database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.clone()).filter(|_| !imported);
         Ok(desired)
     }
 
@@ -266,6 +275,7 @@ mod tests {
                 instances: Vec::new(),
                 configuration: None,
                 declarations: None,
+                import: None,
             }
         );
     }

@@ -14,6 +14,7 @@ pub mod configuration;
 pub mod custom_queries;
 pub mod declared;
 pub mod hba;
+pub mod import;
 pub mod kubernetes;
 pub mod major_upgrade;
 pub mod metrics;
@@ -135,6 +136,8 @@ pub struct Desired {
     pub configuration: Option<ServerConfiguration>,
     /// `spec.roles` and `spec.databases`, kept by a primary; None when unknown (the last ones stay).
     pub declarations: Option<crate::api::roles::Declarations>,
+    /// `spec.bootstrap.import`, done once by a primary; None when there is none (or unknown).
+    pub import: Option<crate::api::import::ImportSpec>,
 }
 
 /// The server configuration the user asked for (`spec.postgresql`).

@@ -253,6 +253,22 @@ pub fn render(view: &StatusView) -> String {
         }
     }
 
+    if let Some(import) = &status.import {
+        let _ = writeln!(
+            out,
+            "\nImport: {:?} after {} attempt(s) from PostgreSQL {}",
+            import.phase,
+            import.attempts,
+            or_dash(import.source_version.as_deref())
+        );
+        for database in &import.databases {
+            let _ = writeln!(out, "  database {:<24} {:.1} s", database.name, database.milliseconds as f64 / 1000.0);
+        }
+        if let Some(message) = &import.message {
+            let _ = writeln!(out, "  last error: {message}");
+        }
+    }
+
     let conditions: Vec<_> =
         status.conditions.iter().filter(|condition| condition.type_ != CONTINUOUS_ARCHIVING).collect();
     if !conditions.is_empty() {

@@ -36,6 +36,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         parameters: None,
         pending_restart: Vec::new(),
         declared: None,
+        import: None,
         archiving: Some(archiving),
     }
 }

@@ -182,6 +182,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         parameters: None,
         pending_restart: Vec::new(),
         declared: None,
+        import: None,
         archiving: None,
     }
 }

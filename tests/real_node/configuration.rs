@@ -60,6 +60,7 @@ async fn parameters_reload_or_roll_switchover_first_and_initdb_and_pg_hba_take_e
         pg_hba: vec!["hostssl postgres all all reject".into()],
     });
     database.spec.bootstrap = Some(dbservice_operator::api::backup::BootstrapSpec {
+        import: None,
         recovery: None,
         initdb: Some(InitdbSpec { data_checksums: Some(true), locale: Some("C".into()), ..Default::default() }),
     });

@@ -14,6 +14,7 @@ mod diagnostics;
 mod environment;
 mod failover;
 mod faults;
+mod import;
 mod majors;
 mod monitoring;
 mod node;

@@ -94,6 +94,7 @@ async fn smoke(major: u32) {
     let mut restored = real_database(node, RESTORED, 1, "Delete");
     restored.spec.version = version.clone();
     restored.spec.bootstrap = Some(BootstrapSpec {
+        import: None,
         initdb: None,
         recovery: Some(RecoverySpec {
             source: object_store(&store.endpoint, DATABASE),

@@ -47,6 +47,7 @@ fn recovering_to(node: &crate::environment::RealNode, endpoint: &str, time: &str
     let mut database = real_database(node, RESTORED, replicas, "Delete");
     database.spec.backup = Some(archiving(endpoint, RESTORED));
     database.spec.bootstrap = Some(BootstrapSpec {
+        import: None,
         initdb: None,
         recovery: Some(RecoverySpec {
             source: object_store(endpoint, SOURCE),

@@ -136,6 +136,8 @@ pub struct World {
     pub configuration: Option<dbservice_operator::instance::ServerConfiguration>,
     /// spec.roles and spec.databases as the agents see them.
     pub declarations: Option<dbservice_operator::api::roles::Declarations>,
+    /// spec.bootstrap.import as the agents see it.
+    pub import: Option<dbservice_operator::api::import::ImportSpec>,
     /// The Secrets the agents may read (the declared roles' passwords).
     pub secrets: dbservice_operator::instance::SecretReader,
 }
@@ -190,6 +192,7 @@ impl ControlPlane for MemoryControlPlane {
             instances,
             configuration: world.configuration.clone(),
             declarations: world.declarations.clone(),
+            import: world.import.clone(),
         })
     }
 

@@ -47,7 +47,14 @@ fn rule(group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> Poli
 /// `get` on the password Secrets `spec.roles` names (the primary's agent sets them as the roles'
 /// passwords); admission checked that the author may read them.
 fn password_secrets_rule(database: &DatabaseService) -> Option<PolicyRule> {
-    let names = crate::api::roles::Declarations::password_secrets(&database.spec.roles);
+    let mut names = crate::api::roles::Declarations::password_secrets(&database.spec.roles);
+    // The import source's password (spec.bootstrap.import), read by the first primary's agent.
+    let import = database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.as_ref());
+    if let Some(import) = import {
+        if !names.contains(&import.source.password_secret.name) {
+            names.push(import.source.password_secret.name.clone());
+        }
+    }
     (!names.is_empty()).then(|| rule("", "secrets", names, &["get"]))
 }
 
@@ -161,5 +168,21 @@ mod tests {
         let config_maps =
             rules.iter().find(|rule| rule.resources.as_deref() == Some(&["configmaps".to_string()][..])).unwrap();
         assert_eq!(config_maps.resource_names.as_deref(), Some(&["queries".to_string()][..]));
+        // The import source's password joins them (once).
+        database.spec.bootstrap = Some(crate::api::backup::BootstrapSpec {
+            import: Some(crate::api::import::ImportSpec {
+                source: crate::api::import::ImportSource {
+                    password_secret: crate::api::backup::SecretKey { name: "legacy".into(), key: "password".into() },
+                    ..Default::default()
+                },
+                databases: vec!["app".into()],
+            }),
+            ..Default::default()
+        });
+        let rules = instance_access(&database).role.rules.unwrap();
+        let secrets =
+            rules.iter().find(|rule| rule.resources.as_deref() == Some(&["secrets".to_string()][..])).unwrap();
+        let names = secrets.resource_names.as_deref().unwrap();
+        assert_eq!(names, ["own".to_string(), "shared".to_string(), "legacy".to_string()]);
     }
 }

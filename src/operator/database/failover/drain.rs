@@ -77,6 +77,7 @@ mod tests {
             parameters: None,
             pending_restart: Vec::new(),
             declared: None,
+            import: None,
             archiving: None,
         }
     }

@@ -266,6 +266,15 @@ pub fn decide_failover(
     {
         status.declared = Some(declared);
     }
+    // The primary's agent imports spec.bootstrap.import once; its last word stays in the status.
+    if let Some(import) = instances
+        .iter()
+        .find(|instance| Some(&instance.name) == next.current_primary.as_ref())
+        .and_then(|instance| instance.report.as_ref())
+        .and_then(|report| report.import.clone())
+    {
+        status.import = Some(import);
+    }
     status.failover = next;
     outcome
 }

@@ -29,6 +29,7 @@ fn primary_report() -> InstanceReport {
         parameters: None,
         pending_restart: Vec::new(),
         declared: None,
+        import: None,
     }
 }
 
