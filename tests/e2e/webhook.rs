@@ -41,6 +41,21 @@ async fn bad_objects_are_rejected_with_every_field_error() {
         assert!(message.contains(expected), "missing {expected:?} in {message}");
     }
     assert!(api.get_opt("bad").await.unwrap().is_none(), "a rejected object must not be stored");
+
+    let bad_import = database_from_yaml(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: bad-import\nspec:\n  version: \"16\"\n  \
+         storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  bootstrap:\n    import:\n      source: \
+         {host: \"http://legacy\", sslMode: strict, username: app, passwordSecret: {name: legacy, key: password}}\n      \
+         databases: [app, template1]\n",
+    );
+    let message = rejection_message(api.create(&PostParams::default(), &bad_import).await.unwrap_err());
+    for expected in [
+        r#"spec.bootstrap.import.source.host: Invalid value: "http://legacy""#,
+        r#"spec.bootstrap.import.source.sslMode: Unsupported value: "strict""#,
+        r#"spec.bootstrap.import.databases[1]: Forbidden: "template1" belongs to PostgreSQL"#,
+    ] {
+        assert!(message.contains(expected), "missing {expected:?} in {message}");
+    }
 }
 
 #[tokio::test]
@@ -255,6 +270,20 @@ async fn a_secret_the_author_cannot_read_is_denied_before_any_store_is_contacted
     assert!(
         message.contains(&format!(
             "spec.monitoring.customQueries[0].name: Forbidden: User \"{author}\" may not read ConfigMap \"private-queries\""
+        )),
+        "{message}"
+    );
+
+    // An import's source password: the first primary's agent connects with it.
+    let importing = database_from_yaml(
+        "apiVersion: dbservice.dev/v1\nkind: DatabaseService\nmetadata:\n  name: importing\nspec:\n  version: \"16\"\n  \
+         storageSize: 1Gi\n  databaseName: app\n  username: app_user\n  bootstrap:\n    import:\n      source: \
+         {host: legacy.prod.svc, username: app, passwordSecret: {name: s3, key: secretAccessKey}}\n      databases: [app]\n",
+    );
+    let message = rejection_message(authors.create(&PostParams::default(), &importing).await.unwrap_err());
+    assert!(
+        message.contains(&format!(
+            "spec.bootstrap.import.source.passwordSecret.name: Forbidden: User \"{author}\" may not read Secret \"s3\""
         )),
         "{message}"
     );
