@@ -5,7 +5,6 @@
 
 use crate::environment::{admin_client, install_chart, psql_in_instance, real_database, real_namespace};
 use crate::environment::{real_node_or_skip, wait_running};
-use crate::failover::wait_settled_instances;
 use crate::support::eventually;
 use dbservice_operator::api::backup::{BootstrapSpec, SecretKey};
 use dbservice_operator::api::database_service::DatabaseService;
@@ -36,7 +35,8 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
 
     databases.create(&PostParams::default(), &real_database(node, SOURCE, 1, "Delete")).await.unwrap();
     wait_running(&client, ns, SOURCE, 1, Duration::from_secs(300)).await;
-    let source_pod = wait_settled_instances(&client, ns, 1).await;
+    // One instance: ordinal 0 bootstrapped it and is its primary.
+    let source_pod = format!("{SOURCE}-0");
     // Owned by the application's role, as an application makes its tables.
     psql_in_instance(
         ns,
