@@ -69,6 +69,7 @@ async fn a_database_is_imported_once_after_a_refused_password_is_corrected() {
                 ssl_mode: Some("disable".into()),
             },
             databases: vec!["shop".into()],
+            roles: None,
         });
     }
     let failed = import_status(&target, ImportPhase::Failed, Duration::from_secs(60)).await;
@@ -142,6 +143,74 @@ async fn a_database_is_imported_once_after_a_refused_password_is_corrected() {
     let count: i64 = client.query_one("SELECT count(*) FROM orders", &[]).await.unwrap().get(0);
     assert_eq!(count, ROWS, "never imported twice (primary {primary})");
     assert!(progress(&target.pgdata(&primary)).1, "the new primary recorded the import");
+    target.shutdown().await;
+    source.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_roles_come_along_without_superuser_and_objects_keep_their_owners_and_grants() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let source = Cluster::start(pg_bin.clone(), &["src-0"]).await;
+    let source_port = source.port("src-0");
+    for statement in [
+        "CREATE ROLE readers NOLOGIN",
+        "CREATE ROLE reporting LOGIN CONNECTION LIMIT 3 IN ROLE readers",
+        "CREATE ROLE boss SUPERUSER LOGIN",
+        "CREATE DATABASE shop",
+    ] {
+        query(source_port, statement).await.unwrap();
+    }
+    let shop = format!("{} dbname=shop", loopback::conninfo(source_port));
+    let (client, connection) = tokio_postgres::connect(&shop, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE orders (id bigint PRIMARY KEY); INSERT INTO orders SELECT generate_series(1, 10);
+             ALTER TABLE orders OWNER TO reporting; GRANT SELECT ON orders TO readers;",
+        )
+        .await
+        .unwrap();
+
+    let target = Cluster::start(pg_bin, &["db-0"]).await;
+    {
+        let mut world = target.world.lock().unwrap();
+        world.secrets.set("legacy", "password", PASSWORD);
+        world.import = Some(ImportSpec {
+            source: ImportSource {
+                host: "127.0.0.1".into(),
+                port: Some(i32::from(source_port)),
+                username: SUPERUSER.into(),
+                password_secret: SecretKey { name: "legacy".into(), key: "password".into() },
+                ssl_mode: Some("disable".into()),
+            },
+            databases: vec!["shop".into()],
+            roles: Some(true),
+        });
+    }
+    let completed = import_status(&target, ImportPhase::Completed, Duration::from_secs(120)).await;
+    assert_eq!(completed.roles_created, Some(3), "boss, readers and reporting: {completed:?}");
+    let port = target.port("db-0");
+    let scalar = |sql: &'static str| {
+        let target = &target;
+        async move { target.scalar(port, sql).await }
+    };
+    assert_eq!(scalar("SELECT rolsuper::text FROM pg_roles WHERE rolname = 'boss'").await, "false");
+    assert_eq!(scalar("SELECT rolconnlimit::text FROM pg_roles WHERE rolname = 'reporting'").await, "3");
+    assert_eq!(scalar("SELECT pg_has_role('reporting', 'readers', 'member')::text").await, "true");
+    let imported = format!("{} dbname=shop", loopback::conninfo(port));
+    let (client, connection) = tokio_postgres::connect(&imported, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT tableowner::text, has_table_privilege('readers', 'orders', 'SELECT'), (SELECT count(*) FROM orders) \
+             FROM pg_tables WHERE tablename = 'orders'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "reporting", "the owner is kept");
+    assert!(row.get::<_, bool>(1), "the grant is kept");
+    assert_eq!(row.get::<_, i64>(2), 10);
     target.shutdown().await;
     source.shutdown().await;
 }

@@ -117,6 +117,7 @@ mod tests {
                 ssl_mode: Some("require".into()),
             },
             databases: vec!["app".into(), "reports".into()],
+            roles: None,
         }
     }
 

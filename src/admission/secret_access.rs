@@ -282,6 +282,7 @@ mod tests {
                     ..Default::default()
                 },
                 databases: vec!["app".into()],
+                roles: None,
             }),
             ..Default::default()
         });

@@ -18,9 +18,22 @@ pub struct ImportSpec {
     pub source: ImportSource,
     /// Databases of the source to copy, each into the database of the same name here (created
     /// owned by `spec.username` when missing; `spec.databaseName` is the one the operator made).
-    /// Objects are owned by `spec.username`, without the source's owners and grants.
+    /// Objects are owned by `spec.username`, without the source's owners and grants, unless
+    /// `roles` is set.
     #[schemars(length(min = 1, max = 16))]
     pub databases: Vec<String>,
+    /// Also create the source's roles first (attributes, memberships, settings; never passwords,
+    /// superuser, replication or bypassrls; not the operator's or PostgreSQL's roles), and keep
+    /// the objects' owners and grants. Passwords come from `spec.roles[].passwordSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles: Option<bool>,
+}
+
+impl ImportSpec {
+    /// Whether the source's roles come along.
+    pub fn with_roles(&self) -> bool {
+        self.roles.unwrap_or(false)
+    }
 }
 
 /// A PostgreSQL server reachable from the cluster.
@@ -97,6 +110,9 @@ pub struct ImportStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub message: Option<String>,
+    /// Roles created from the source's (with `roles`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roles_created: Option<u32>,
     /// The server version of the source (`server_version`), once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]

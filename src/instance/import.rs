@@ -11,9 +11,11 @@
 //! an argument or environment variable, never logged).
 
 use crate::api::import::{ImportPhase, ImportSpec, ImportStatus, ImportedDatabase};
+use crate::instance::import_roles::role_statements;
 use crate::instance::roles::{connect, identifier, STATEMENT_TIMEOUT};
 use crate::instance::{InstanceConfig, SecretReader};
 use crate::passfile::PasswordFile;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -24,6 +26,8 @@ use tokio::process::Command;
 pub const PROGRESS_FILE: &str = "dbservice-import-progress";
 /// Last line of [`PROGRESS_FILE`] once every database is in.
 const COMPLETE: &str = "complete";
+/// Line of [`PROGRESS_FILE`] once the roles are in (no database name has a `:`).
+const ROLES_DONE: &str = ":roles";
 /// Longest copy of one database.
 const DATABASE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// Pause after the first failed attempt, doubled up to [`MAX_RETRY_PAUSE`].
@@ -158,17 +162,20 @@ async fn copy_database(
     password_file: &PasswordFile,
 ) -> Result<(), String> {
     let mut dump = source_command(config, spec, "pg_dump", password_file);
-    dump.args(["--format=custom", "--no-owner", "--no-privileges", "-d", name])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    dump.arg("--format=custom");
+    if !spec.with_roles() {
+        dump.args(["--no-owner", "--no-privileges"]);
+    }
+    dump.args(["-d", name]).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut dump = dump.spawn().map_err(|error| format!("run pg_dump: {error}"))?;
     let dump_output: Stdio = dump.stdout.take().expect("piped").try_into().map_err(|error| format!("pipe: {error}"))?;
     let mut restore = Command::new(config.pg_bin.join("pg_restore"));
+    restore.env_remove("PGPASSWORD").env_remove("PGHOST").args(["--exit-on-error", "--single-transaction"]);
+    // With the source's roles here, owners and grants are kept; without, the application owns all.
+    if !spec.with_roles() {
+        restore.args(["--no-owner", "--no-privileges"]).arg(format!("--role={owner}"));
+    }
     restore
-        .env_remove("PGPASSWORD")
-        .env_remove("PGHOST")
-        .args(["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction"])
-        .arg(format!("--role={owner}"))
         .arg("-h")
         .arg(&config.socket_dir)
         .args(["-p", &config.port.to_string(), "-U", &config.superuser, "-d", name])
@@ -203,6 +210,64 @@ async fn copy_database(
     Ok(())
 }
 
+/// Creates the source's roles here (see [`crate::instance::import_roles`]) in one transaction;
+/// returns how many were created. Safe to run again: existing roles are not created twice.
+async fn import_roles(
+    config: &InstanceConfig,
+    spec: &ImportSpec,
+    owner: &str,
+    password_file: &PasswordFile,
+) -> Result<u32, String> {
+    let mut dump = source_command(config, spec, "pg_dumpall", password_file);
+    dump.args(["--roles-only", "--no-role-passwords", "-l", &spec.databases[0]]);
+    let output = tokio::time::timeout(STATEMENT_TIMEOUT * 4, dump.output())
+        .await
+        .map_err(|_| "pg_dumpall --roles-only: no result in time".to_string())?
+        .map_err(|error| format!("run pg_dumpall: {error}"))?;
+    if !output.status.success() {
+        return Err(format!("pg_dumpall --roles-only: {}", last_lines(&output.stderr)));
+    }
+    let client = connect(config, &config.superuser, "postgres").await.map_err(|error| error.to_string())?;
+    let rows =
+        tokio::time::timeout(STATEMENT_TIMEOUT, client.query("SELECT rolname::text FROM pg_catalog.pg_roles", &[]))
+            .await
+            .map_err(|_| "list the roles: no answer".to_string())?
+            .map_err(|error| format!("list the roles: {error}"))?;
+    let existing: BTreeSet<String> = rows.iter().map(|row| row.get(0)).collect();
+    let reserved: BTreeSet<String> = [config.superuser.as_str(), config.replication_user.as_str(), "postgres"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let statements = role_statements(&String::from_utf8_lossy(&output.stdout), &reserved, owner, &existing);
+    let created = statements.iter().filter(|statement| statement.starts_with("CREATE ROLE ")).count();
+    let mut psql = Command::new(config.pg_bin.join("psql"));
+    psql.env_remove("PGPASSWORD")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-h"])
+        .arg(&config.socket_dir)
+        .args(["-p", &config.port.to_string(), "-U", &config.superuser, "-d", "postgres"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Some((uid, gid)) = config.os_user {
+        psql.uid(uid).gid(gid);
+    }
+    let mut child = psql.spawn().map_err(|error| format!("run psql: {error}"))?;
+    let mut input = child.stdin.take().expect("piped");
+    let script = statements.join("\n") + "\n";
+    use tokio::io::AsyncWriteExt;
+    input.write_all(script.as_bytes()).await.map_err(|error| format!("psql input: {error}"))?;
+    drop(input);
+    let output = tokio::time::timeout(STATEMENT_TIMEOUT * 4, child.wait_with_output())
+        .await
+        .map_err(|_| "creating the imported roles: no result in time".to_string())?
+        .map_err(|error| format!("psql: {error}"))?;
+    if !output.status.success() {
+        return Err(format!("creating the imported roles: {}", last_lines(&output.stderr)));
+    }
+    Ok(u32::try_from(created).unwrap_or(u32::MAX))
+}
+
 /// One attempt: every database not yet imported, in order.
 async fn attempt(
     config: &InstanceConfig,
@@ -221,6 +286,12 @@ async fn attempt(
         .map_err(|error| format!("password file: {error}"))?;
     status.source_version = Some(source_version(config, spec, &password_file).await?);
     let (done, _) = progress(&config.pgdata);
+    if spec.with_roles() && !done.iter().any(|line| line == ROLES_DONE) {
+        let created = import_roles(config, spec, owner, &password_file).await?;
+        record(config, ROLES_DONE)?;
+        tracing::info!(instance = %config.name, created, "imported the source's roles");
+        status.roles_created = Some(created);
+    }
     for name in &spec.databases {
         if done.contains(name) {
             continue;
@@ -291,6 +362,7 @@ impl ImportKeeper {
                     databases: self.status.take().map(|status| status.databases).unwrap_or_default(),
                     message: None,
                     source_version: None,
+                    roles_created: None,
                 });
             }
             return;
@@ -306,6 +378,7 @@ impl ImportKeeper {
             databases: Vec::new(),
             message: None,
             source_version: self.status.as_ref().and_then(|status| status.source_version.clone()),
+            roles_created: None,
         };
         self.status = Some(running.clone());
         tracing::info!(instance = %config.name, attempts, databases = ?spec.databases, host = %spec.source.host, "importing");

@@ -15,6 +15,7 @@ pub mod custom_queries;
 pub mod declared;
 pub mod hba;
 pub mod import;
+pub mod import_roles;
 pub mod kubernetes;
 pub mod major_upgrade;
 pub mod metrics;

@@ -61,6 +61,7 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
                 ssl_mode: Some("require".into()),
             },
             databases: vec!["app".into()],
+            roles: None,
         }),
         ..Default::default()
     });

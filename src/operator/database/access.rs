@@ -176,6 +176,7 @@ mod tests {
                     ..Default::default()
                 },
                 databases: vec!["app".into()],
+                roles: None,
             }),
             ..Default::default()
         });
