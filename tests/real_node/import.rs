@@ -1,7 +1,8 @@
 //! `spec.bootstrap.import` on the real node (issue 24): a new database of another major (17, from
 //! the wheel image) copies the application's database from a running one on the default major
-//! (15) through its Service, with the source's own credentials Secret; every row arrives, the
-//! target runs its own major, and the status says Completed with the source's version.
+//! (15) through its Service, with the source's own credentials Secret and its roles; every row
+//! arrives with its owner and grants, no superuser comes along, the target runs its own major, and
+//! the status says Completed with the source's version.
 
 use crate::environment::{admin_client, install_chart, psql_in_instance, real_database, real_namespace};
 use crate::environment::{real_node_or_skip, wait_running};
@@ -37,14 +38,16 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
     wait_running(&client, ns, SOURCE, 1, Duration::from_secs(300)).await;
     // One instance: ordinal 0 bootstrapped it and is its primary.
     let source_pod = format!("{SOURCE}-0");
-    // Owned by the application's role, as an application makes its tables.
+    // Owned by the application's role, as an application makes its tables, read by a role of
+    // its own (which the import brings along with roles: true).
+    psql_in_instance(ns, &source_pod, "create role reporting nologin; create role boss superuser nologin");
     psql_in_instance(
         ns,
         &source_pod,
         &format!(
             "set role app_user; create table orders (id int primary key, item text not null); \
              insert into orders select i, 'item ' || i from generate_series(1, {ROWS}) i; \
-             create view recent as select * from orders where id > {}",
+             create view recent as select * from orders where id > {}; grant select on orders to reporting",
             ROWS - 10
         ),
     );
@@ -61,7 +64,7 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
                 ssl_mode: Some("require".into()),
             },
             databases: vec!["app".into()],
-            roles: None,
+            roles: Some(true),
         }),
         ..Default::default()
     });
@@ -82,6 +85,9 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
     assert_eq!(sql("select count(*) from orders"), ROWS.to_string());
     assert_eq!(sql("select count(*) from recent"), "10");
     assert_eq!(sql("select tableowner from pg_tables where tablename = 'orders'"), "app_user");
+    assert_eq!(sql("select has_table_privilege('reporting', 'orders', 'select')"), "t", "the grant is kept");
+    assert_eq!(sql("select rolsuper from pg_roles where rolname = 'boss'"), "f", "no superuser comes in");
+    assert_eq!(status.roles_created, Some(2), "reporting and boss: {status:?}");
     let number: u32 = sql("show server_version_num").parse().unwrap();
     assert_eq!(number / 10_000, 17, "the target runs its own major");
     assert!(status.source_version.as_deref().is_some_and(|source| source.starts_with("15.")), "{status:?}");
