@@ -20,6 +20,21 @@ fn report_is_ready(world: &loopback::World, name: &str) -> bool {
     world.reports.get(name).is_some_and(|report| report.postgres_ready)
 }
 
+/// The database `shop` of the loopback server on `port`, password from Secret `legacy`.
+fn import_of_shop(port: u16, roles: Option<bool>) -> ImportSpec {
+    ImportSpec {
+        source: ImportSource {
+            host: "127.0.0.1".into(),
+            port: Some(i32::from(port)),
+            username: SUPERUSER.into(),
+            password_secret: SecretKey { name: "legacy".into(), key: "password".into() },
+            ssl_mode: Some("disable".into()),
+        },
+        databases: vec!["shop".into()],
+        roles,
+    }
+}
+
 async fn import_status(cluster: &Cluster, phase: ImportPhase, limit: Duration) -> ImportStatus {
     let world = cluster.world.clone();
     cluster
@@ -60,17 +75,7 @@ async fn a_database_is_imported_once_after_a_refused_password_is_corrected() {
     {
         let mut world = target.world.lock().unwrap();
         world.secrets.set("legacy", "password", wrong_password);
-        world.import = Some(ImportSpec {
-            source: ImportSource {
-                host: "127.0.0.1".into(),
-                port: Some(i32::from(source_port)),
-                username: SUPERUSER.into(),
-                password_secret: SecretKey { name: "legacy".into(), key: "password".into() },
-                ssl_mode: Some("disable".into()),
-            },
-            databases: vec!["shop".into()],
-            roles: None,
-        });
+        world.import = Some(import_of_shop(source_port, None));
     }
     let failed = import_status(&target, ImportPhase::Failed, Duration::from_secs(60)).await;
     let message = failed.message.clone().unwrap_or_default();
@@ -175,17 +180,7 @@ async fn the_sources_roles_come_along_without_superuser_and_objects_keep_their_o
     {
         let mut world = target.world.lock().unwrap();
         world.secrets.set("legacy", "password", PASSWORD);
-        world.import = Some(ImportSpec {
-            source: ImportSource {
-                host: "127.0.0.1".into(),
-                port: Some(i32::from(source_port)),
-                username: SUPERUSER.into(),
-                password_secret: SecretKey { name: "legacy".into(), key: "password".into() },
-                ssl_mode: Some("disable".into()),
-            },
-            databases: vec!["shop".into()],
-            roles: Some(true),
-        });
+        world.import = Some(import_of_shop(source_port, Some(true)));
     }
     let completed = import_status(&target, ImportPhase::Completed, Duration::from_secs(120)).await;
     assert_eq!(completed.roles_created, Some(3), "boss, readers and reporting: {completed:?}");
