@@ -8,8 +8,8 @@ mod loopback;
 #[path = "support/ports.rs"]
 mod ports;
 
-use dbservice_operator::api::backup::SecretKey;
 use dbservice_operator::api::import::{ImportPhase, ImportSource, ImportSpec, ImportStatus};
+use dbservice_operator::api::roles::PasswordSecret;
 use dbservice_operator::instance::import::{progress, PROGRESS_FILE};
 use loopback::{query, Cluster, PASSWORD, SUPERUSER};
 use std::time::Duration;
@@ -27,7 +27,7 @@ fn import_of_shop(port: u16, roles: Option<bool>) -> ImportSpec {
             host: "127.0.0.1".into(),
             port: Some(i32::from(port)),
             username: SUPERUSER.into(),
-            password_secret: SecretKey { name: "legacy".into(), key: "password".into() },
+            password_secret: PasswordSecret { name: "legacy".into(), key: None },
             ssl_mode: Some("disable".into()),
         },
         databases: vec!["shop".into()],

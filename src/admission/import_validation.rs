@@ -61,7 +61,13 @@ pub fn validate_import(spec: &DatabaseServiceSpec, errors: &mut Vec<FieldError>)
         });
     }
     let secret = &source.password_secret;
-    validate_key_reference(&format!("{PATH}.source.passwordSecret"), "Secret", &secret.name, Some(&secret.key), errors);
+    validate_key_reference(
+        &format!("{PATH}.source.passwordSecret"),
+        "Secret",
+        &secret.name,
+        secret.key.as_deref(),
+        errors,
+    );
     if import.databases.is_empty() || import.databases.len() > MAX_IMPORTED_DATABASES {
         errors.push(FieldError::invalid(
             &format!("{PATH}.databases"),
@@ -97,8 +103,9 @@ pub fn validate_import(spec: &DatabaseServiceSpec, errors: &mut Vec<FieldError>)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::backup::{BootstrapSpec, SecretKey};
+    use crate::api::backup::BootstrapSpec;
     use crate::api::import::{ImportSource, ImportSpec};
+    use crate::api::roles::PasswordSecret;
 
     fn spec_with(import: ImportSpec) -> DatabaseServiceSpec {
         DatabaseServiceSpec {
@@ -113,7 +120,7 @@ mod tests {
                 host: "legacy.prod.svc.cluster.local".into(),
                 port: Some(5432),
                 username: "app".into(),
-                password_secret: SecretKey { name: "legacy-credentials".into(), key: "password".into() },
+                password_secret: PasswordSecret { name: "legacy-credentials".into(), key: None },
                 ssl_mode: Some("require".into()),
             },
             databases: vec!["app".into(), "reports".into()],

@@ -278,7 +278,7 @@ mod tests {
                 source: crate::api::import::ImportSource {
                     host: "legacy".into(),
                     username: "app".into(),
-                    password_secret: SecretKey { name: "legacy-credentials".into(), key: "password".into() },
+                    password_secret: crate::api::roles::PasswordSecret { name: "legacy-credentials".into(), key: None },
                     ..Default::default()
                 },
                 databases: vec!["app".into()],

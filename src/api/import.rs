@@ -3,7 +3,7 @@
 //! first primary's agent, once. The tools are the new major's, which read every older server
 //! (pg_dump supports servers back to 9.2): an import is also a way across majors.
 
-use crate::api::backup::SecretKey;
+use crate::api::roles::PasswordSecret;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -50,8 +50,8 @@ pub struct ImportSource {
     /// Role to connect as; it must be able to read everything in the databases it copies.
     #[schemars(length(min = 1, max = 63))]
     pub username: String,
-    /// Its password, from a Secret of this namespace.
-    pub password_secret: SecretKey,
+    /// Its password, from a Secret of this namespace (key "password" by default).
+    pub password_secret: PasswordSecret,
     /// libpq `sslmode`: disable, allow, prefer (the default), require, verify-ca or verify-full.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]

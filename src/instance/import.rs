@@ -278,10 +278,10 @@ async fn attempt(
 ) -> Result<(), String> {
     let secret = &spec.source.password_secret;
     let password = secrets
-        .read(&secret.name, &secret.key)
+        .read(&secret.name, secret.key_or_default())
         .await
         .map_err(|error| error.to_string())?
-        .ok_or_else(|| format!("Secret {:?} has no key {:?}", secret.name, secret.key))?;
+        .ok_or_else(|| format!("Secret {:?} has no key {:?}", secret.name, secret.key_or_default()))?;
     let password_file = PasswordFile::new(&spec.source.username, &password, config.os_user)
         .map_err(|error| format!("password file: {error}"))?;
     status.source_version = Some(source_version(config, spec, &password_file).await?);

@@ -7,9 +7,10 @@
 use crate::environment::{admin_client, install_chart, psql_in_instance, real_database, real_namespace};
 use crate::environment::{real_node_or_skip, wait_running};
 use crate::support::eventually;
-use dbservice_operator::api::backup::{BootstrapSpec, SecretKey};
+use dbservice_operator::api::backup::BootstrapSpec;
 use dbservice_operator::api::database_service::DatabaseService;
 use dbservice_operator::api::import::{ImportPhase, ImportSource, ImportSpec};
+use dbservice_operator::api::roles::PasswordSecret;
 use kube::api::PostParams;
 use kube::Api;
 use std::time::{Duration, Instant};
@@ -60,7 +61,7 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
                 host: format!("{SOURCE}.{ns}.svc.cluster.local"),
                 port: None,
                 username: "app_user".into(),
-                password_secret: SecretKey { name: format!("{SOURCE}-credentials"), key: "password".into() },
+                password_secret: PasswordSecret { name: format!("{SOURCE}-credentials"), key: Some("password".into()) },
                 ssl_mode: Some("require".into()),
             },
             databases: vec!["app".into()],

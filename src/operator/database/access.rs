@@ -172,7 +172,7 @@ mod tests {
         database.spec.bootstrap = Some(crate::api::backup::BootstrapSpec {
             import: Some(crate::api::import::ImportSpec {
                 source: crate::api::import::ImportSource {
-                    password_secret: crate::api::backup::SecretKey { name: "legacy".into(), key: "password".into() },
+                    password_secret: crate::api::roles::PasswordSecret { name: "legacy".into(), key: None },
                     ..Default::default()
                 },
                 databases: vec!["app".into()],
