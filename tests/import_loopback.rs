@@ -209,3 +209,61 @@ async fn the_sources_roles_come_along_without_superuser_and_objects_keep_their_o
     target.shutdown().await;
     source.shutdown().await;
 }
+
+/// Without roles the application's role restores as itself (not the superuser with --role, which
+/// code in the dump could undo): here it is no superuser, and owns what was imported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_roles_the_application_role_restores_as_itself() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let source = Cluster::start(pg_bin.clone(), &["src-0"]).await;
+    let source_port = source.port("src-0");
+    query(source_port, "CREATE DATABASE shop").await.unwrap();
+    let shop = format!("{} dbname=shop", loopback::conninfo(source_port));
+    let (client, connection) = tokio_postgres::connect(&shop, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        // The rows pass their CHECK only in a session whose login is the role at work: what a
+        // dump's code could exploit (SET ROLE back to a superuser login) is what this sees.
+        .batch_execute(
+            "CREATE FUNCTION restored_as_itself() RETURNS boolean LANGUAGE sql AS 'SELECT session_user = current_user';
+             CREATE TABLE orders (id bigint PRIMARY KEY CHECK (restored_as_itself()));
+             INSERT INTO orders VALUES (1), (2);",
+        )
+        .await
+        .unwrap();
+
+    let settings = dbservice_operator::instance::roles::RoleSettings {
+        application_user: SUPERUSER.into(),
+        application_password: PASSWORD.into(),
+        database: "postgres".into(),
+        superuser_password: "superuser-password".into(),
+        superuser_network_access: false,
+    };
+    let target = Cluster::start_with_agents(pg_bin, &["db-0"], Default::default(), &[], |config| {
+        config.superuser = "postgres".into();
+        config.roles = Some(settings.clone());
+    })
+    .await;
+    {
+        let mut world = target.world.lock().unwrap();
+        world.secrets.set("legacy", "password", PASSWORD);
+        world.import = Some(import_of_shop(source_port, None));
+    }
+    import_status(&target, ImportPhase::Completed, Duration::from_secs(120)).await;
+    let imported = format!("{} dbname=shop", loopback::conninfo(target.port("db-0")));
+    let (client, connection) = tokio_postgres::connect(&imported, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT tableowner::text, (SELECT rolsuper FROM pg_roles WHERE rolname = tableowner), \
+             (SELECT count(*) FROM orders) FROM pg_tables WHERE tablename = 'orders'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), SUPERUSER, "owned by the application's role");
+    assert!(!row.get::<_, bool>(1), "which is no superuser here");
+    assert_eq!(row.get::<_, i64>(2), 2);
+    target.shutdown().await;
+    source.shutdown().await;
+}

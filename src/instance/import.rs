@@ -171,14 +171,20 @@ async fn copy_database(
     let dump_output: Stdio = dump.stdout.take().expect("piped").try_into().map_err(|error| format!("pipe: {error}"))?;
     let mut restore = Command::new(config.pg_bin.join("pg_restore"));
     restore.env_remove("PGPASSWORD").env_remove("PGHOST").args(["--exit-on-error", "--single-transaction"]);
-    // With the source's roles here, owners and grants are kept; without, the application owns all.
-    if !spec.with_roles() {
-        restore.args(["--no-owner", "--no-privileges"]).arg(format!("--role={owner}"));
-    }
+    // With the source's roles here, owners and grants are kept, which takes the superuser; without,
+    // the application's role restores and owns all. It logs in as itself (the local socket trusts
+    // it), not as the superuser with --role: code the dump runs (a CHECK constraint's function
+    // during COPY) could SET ROLE back to a superuser session user.
+    let restoring_user = if spec.with_roles() {
+        &config.superuser
+    } else {
+        restore.args(["--no-owner", "--no-privileges"]);
+        owner
+    };
     restore
         .arg("-h")
         .arg(&config.socket_dir)
-        .args(["-p", &config.port.to_string(), "-U", &config.superuser, "-d", name])
+        .args(["-p", &config.port.to_string(), "-U", restoring_user, "-d", name])
         .stdin(dump_output)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -238,7 +244,7 @@ async fn import_roles(
         .into_iter()
         .map(String::from)
         .collect();
-    let statements = role_statements(&String::from_utf8_lossy(&output.stdout), &reserved, owner, &existing);
+    let statements = role_statements(&String::from_utf8_lossy(&output.stdout), &reserved, owner, &existing)?;
     let created = statements.iter().filter(|statement| statement.starts_with("CREATE ROLE ")).count();
     let mut psql = Command::new(config.pg_bin.join("psql"));
     psql.env_remove("PGPASSWORD")

@@ -47,12 +47,25 @@ fn is_reserved(name: &str, reserved: &BTreeSet<String>) -> bool {
 /// The statements to run here, in order, from the dump's text. `reserved` holds the operator's
 /// roles; the application's role is left as the operator keeps it, but may become a member of
 /// imported roles (as it was at the source).
+///
+/// The filter reads one statement per line, which holds only while no name or comment spans
+/// lines: a comment with a line break on a filtered role would otherwise leave its remaining lines
+/// to run as statements (as the superuser). A line with an odd number of quotes marks such a
+/// statement, and the whole dump is refused.
 pub fn role_statements(
     dump: &str,
     reserved: &BTreeSet<String>,
     application_user: &str,
     existing: &BTreeSet<String>,
-) -> Vec<String> {
+) -> Result<Vec<String>, String> {
+    if let Some(line) =
+        dump.lines().find(|line| line.matches('\'').count() % 2 == 1 || line.matches('"').count() % 2 == 1)
+    {
+        let shown: String = line.chars().take(80).collect();
+        return Err(format!(
+            "the source's roles have a name or comment over several lines ({shown:?}...): not imported; import without roles"
+        ));
+    }
     let kept_here = |name: &str| is_reserved(name, reserved) || name == application_user;
     let mut statements = Vec::new();
     for line in dump.lines() {
@@ -112,7 +125,7 @@ pub fn role_statements(
         // Anything else pg_dumpall may add about roles (a security label) goes as it is.
         statements.push(line.to_string());
     }
-    statements
+    Ok(statements)
 }
 
 #[cfg(test)]
@@ -167,7 +180,7 @@ GRANT pg_monitor TO readers WITH INHERIT TRUE GRANTED BY postgres;
     #[test]
     fn the_operators_and_postgresqls_roles_are_left_alone_and_no_superuser_comes_in() {
         let existing: BTreeSet<String> = ["app_user".to_string(), "readers".to_string()].into();
-        let statements = role_statements(DUMP, &reserved(), "app_user", &existing);
+        let statements = role_statements(DUMP, &reserved(), "app_user", &existing).unwrap();
         let expected = [
             r"\restrict abc123",
             "SET default_transaction_read_only = off;",
@@ -185,6 +198,16 @@ GRANT pg_monitor TO readers WITH INHERIT TRUE GRANTED BY postgres;
             r"\unrestrict abc123",
         ];
         assert_eq!(statements, expected);
+    }
+
+    #[test]
+    fn a_comment_over_several_lines_refuses_the_dump_instead_of_running_its_lines() {
+        // Dropping the first line (a reserved role) would leave the rest to run as statements.
+        let dump = "CREATE ROLE readers;\nCOMMENT ON ROLE postgres IS 'x;\nALTER SYSTEM SET fsync = off;\n';\n";
+        let refused = role_statements(dump, &reserved(), "app_user", &BTreeSet::new()).unwrap_err();
+        assert!(refused.contains("over several lines"), "{refused}");
+        let name = "CREATE ROLE \"a\nb\";\n";
+        assert!(role_statements(name, &reserved(), "app_user", &BTreeSet::new()).is_err());
     }
 
     #[test]
