@@ -43,6 +43,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         pending_restart: Vec::new(),
         declared: None,
         import: None,
+        major_upgrade: None,
     }
 }
 
@@ -88,6 +89,7 @@ fn run(
         rolling_switchover: None,
         drain_switchover: None,
         timer_seen: None,
+        held_by_major_upgrade: false,
     };
     let outcome = decide_failover(&database, &input, &mut status, &mut journal, now);
     (outcome, status, journal)

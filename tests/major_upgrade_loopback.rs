@@ -298,3 +298,34 @@ async fn a_cluster_pg_upgrade_refuses_is_left_as_it_was_with_the_reason() {
     bench.stop(&bench.previous_bin);
     assert!(!message.contains("pg_upgrade_output.d"), "the report's path goes with the new cluster: {message}");
 }
+
+#[tokio::test]
+async fn the_servers_an_upgrade_starts_archive_nothing() {
+    // The pod's archive settings name the new system's archive during an upgrade: WAL of the old
+    // system archived by a server pg_upgrade started would claim that archive for the old system
+    // (seen on the real node: the new primary could then never archive).
+    let Some(bench) = Bench::new("archiving") else { return };
+    bench.fifteen_with_rows("");
+    let archived = bench.directory("archived");
+    let configuration = bench.pgdata().join("postgresql.conf");
+    let append = |line: &str| {
+        let mut text = std::fs::read_to_string(&configuration).unwrap();
+        text.push_str(line);
+        std::fs::write(&configuration, text).unwrap();
+    };
+    // A segment left ready for archiving by a stop while the archive failed.
+    append("\narchive_mode = on\narchive_command = 'false'\n");
+    let port = bench.start(&bench.previous_bin);
+    bench.sql(&bench.previous_bin, port, "insert into rows values (0, 'last'); select pg_switch_wal()");
+    bench.stop(&bench.previous_bin);
+    let status = bench.pgdata().join("pg_wal/archive_status");
+    let ready = std::fs::read_dir(&status)
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".ready"));
+    assert!(ready.count() > 0, "a segment waits for archiving");
+    append(&format!("archive_command = 'touch {}/%f'\n", archived.display()));
+    bench.upgrade(UpgradeMethod::Copy).await.expect("the upgrade");
+    let names: Vec<_> = std::fs::read_dir(&archived).unwrap().flatten().map(|entry| entry.file_name()).collect();
+    assert!(names.is_empty(), "the upgrade's servers archived {names:?}");
+}

@@ -165,6 +165,7 @@ pub fn validate(
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
         validate_scale_down(old, spec, &mut outcome.errors);
+        validate_major_upgrade_in_progress(old, spec, &mut outcome.errors);
     }
     outcome.warnings = warnings(spec, settings);
     outcome.warnings.extend(postgresql_warnings);
@@ -428,15 +429,30 @@ fn validate_update(old: &DatabaseServiceSpec, new: &DatabaseServiceSpec, errors:
         }
     }
     if let (Some(old_major), Some(new_major)) = (major_version(&old.version), major_version(&new.version)) {
-        if old_major != new_major {
+        if new_major < old_major {
             errors.push(FieldError {
                 path: "spec.version".into(),
                 kind: FieldErrorKind::Forbidden,
                 detail: format!(
-                    "changing the major version from {old_major} to {new_major} is not supported: major upgrades need pg_upgrade; only minor versions within {old_major} may change"
+                    "a major version never goes down ({old_major} to {new_major}): data of {old_major} cannot be read by {new_major}; recover a backup taken before the upgrade into a new DatabaseService instead"
                 ),
             });
         }
+    }
+}
+
+/// A major upgrade in progress runs to its end (or rollback) before the version changes again.
+fn validate_major_upgrade_in_progress(old: &DatabaseService, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
+    let Some(upgrade) = old.status.as_ref().and_then(|status| status.major_upgrade.as_ref()) else { return };
+    if upgrade.in_progress() && new.version != old.spec.version {
+        errors.push(FieldError {
+            path: "spec.version".into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: format!(
+                "the upgrade from {} to {} is in progress ({:?}): change the version once it completed or rolled back",
+                upgrade.from_version, upgrade.to_version, upgrade.phase
+            ),
+        });
     }
 }
 

@@ -31,8 +31,8 @@ pub fn custom_resource_definition() -> CustomResourceDefinition {
         "rule": "has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)",
         "message": "storageClassName is immutable"
     }, {
-        "rule": "self.version.split('.')[0] == oldSelf.version.split('.')[0]",
-        "message": "changing the major version is not supported: major upgrades need pg_upgrade"
+        "rule": "!self.version.matches('^[0-9]+([.][0-9]+){0,2}$') || !oldSelf.version.matches('^[0-9]+([.][0-9]+){0,2}$') || int(self.version.split('.')[0]) >= int(oldSelf.version.split('.')[0])",
+        "message": "a major version never goes down: recover a backup into a new DatabaseService instead"
     }]);
     let root = &mut definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
     cap_sizes(&mut root["properties"]["spec"]);

@@ -59,6 +59,11 @@ pub struct DatabaseServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     pub image: Option<String>,
+    /// How an in-place major upgrade (a `version` of a newer major) moves the data: `copy`
+    /// (default: twice the space, the old data kept until the new server accepted writes) or
+    /// `link` (hard links: fast, no way back once the new server started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_method: Option<crate::api::major_upgrade::UpgradeMethod>,
     /// StorageClass of the data volumes; the cluster default when absent. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
@@ -233,6 +238,14 @@ pub struct DatabaseServiceStatus {
     /// The import of `spec.bootstrap.import`, as the primary's agent reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub import: Option<crate::api::import::ImportStatus>,
+    /// The last in-place major upgrade: its phase, steps and downtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade: Option<crate::api::major_upgrade::MajorUpgradeStatus>,
+    /// The archive's server name after an in-place major upgrade (the new system's WAL and
+    /// backups go to a new place); none: `spec.backup.objectStore.serverName` or the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub archive_server_name: Option<String>,
 }
 
 fn is_zero(value: &i32) -> bool {
@@ -362,4 +375,24 @@ pub fn fenced_instances(database: &DatabaseService) -> Vec<String> {
         .and_then(|annotations| annotations.get(crate::api::failover::FENCED_ANNOTATION))
         .map(|list| list.split(',').map(str::trim).filter(|name| !name.is_empty()).map(String::from).collect())
         .unwrap_or_default()
+}
+
+impl DatabaseService {
+    /// The server name this database archives under: after an in-place major upgrade past
+    /// `pg_upgrade` a new one (a new system identifier starts a new archive), otherwise the
+    /// last upgrade's, or `spec.backup.objectStore.serverName`, or the name. None without
+    /// `spec.backup`.
+    pub fn archive_server_name(&self) -> Option<String> {
+        let backup = self.spec.backup.as_ref()?;
+        let name = self.metadata.name.clone().unwrap_or_default();
+        let base = backup.object_store.server_name_or(&name).to_string();
+        let status = self.status.as_ref();
+        let upgrading = status.and_then(|status| status.major_upgrade.as_ref()).filter(|upgrade| {
+            upgrade.primary_released() || upgrade.phase == crate::api::major_upgrade::MajorUpgradePhase::Completed
+        });
+        if let Some(major) = upgrading.and_then(|upgrade| crate::api::version::major_version(&upgrade.to_version)) {
+            return Some(crate::api::major_upgrade::upgraded_server_name(&base, major));
+        }
+        Some(status.and_then(|status| status.archive_server_name.clone()).unwrap_or(base))
+    }
 }

@@ -74,6 +74,10 @@ pub struct InstanceReport {
     /// is none to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub import: Option<crate::api::import::ImportStatus>,
+    /// This instance's part in an in-place major upgrade (data of an older major than the
+    /// binaries, or upgraded and not yet settled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade: Option<crate::api::major_upgrade::InstanceUpgradeReport>,
 }
 
 /// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.

@@ -9,6 +9,7 @@ pub mod database_service;
 pub mod database_service_backup;
 pub mod failover;
 pub mod import;
+pub mod major_upgrade;
 pub mod monitoring;
 pub mod names;
 pub mod parameters;

@@ -13,6 +13,7 @@ use crate::instance::roles::{write_superuser_rule, RolesKeeper};
 use crate::instance::slots::{self, StandbySlot};
 use crate::instance::standby::{self, StandbyError};
 use crate::instance::tls::CertificateWatch;
+use crate::instance::upgrade_keeper::{BeforeStart, UpgradeKeeper};
 use crate::instance::watchdog::{FenceFile, Watchdog};
 use crate::instance::SecretReader;
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
@@ -96,6 +97,8 @@ pub struct Agent<C> {
     secrets: SecretReader,
     /// `spec.bootstrap.import`, done once by a primary.
     import: ImportKeeper,
+    /// An in-place major upgrade of this instance's data (see [`UpgradeKeeper`]).
+    upgrade: UpgradeKeeper,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -164,6 +167,7 @@ impl<C: ControlPlane> Agent<C> {
             declared: DeclaredKeeper::default(),
             secrets: SecretReader::default(),
             import: ImportKeeper::default(),
+            upgrade: UpgradeKeeper::default(),
         }
     }
 
@@ -282,6 +286,7 @@ impl<C: ControlPlane> Agent<C> {
         self.declared.want(desired.declarations.as_ref());
         self.import.want(desired.import.as_ref());
         if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
+            self.upgrade.primary_ready(&self.config);
             self.roles.keep(&self.config);
             // Declared roles may be owned by or granted the application's role, and imported
             // objects are owned by it: once it is kept.
@@ -430,6 +435,7 @@ impl<C: ControlPlane> Agent<C> {
             pending_restart: self.configuration.pending_restart(),
             declared: self.declared.status().cloned().filter(|_| role == Role::Primary),
             import: self.import.status().cloned().filter(|_| role == Role::Primary),
+            major_upgrade: self.upgrade.report(),
         }
     }
 
@@ -726,6 +732,11 @@ impl<C: ControlPlane> Agent<C> {
         let pgdata = &self.config.pgdata;
         let target_me = desired.target_primary.as_deref() == Some(self.config.name.as_str());
         let named_other = desired.target_primary.as_deref().is_some_and(|target| !target_me && target != PENDING);
+        // An upgrade swap interrupted between its two renames leaves no data directory.
+        if let Err(error) = crate::instance::major_upgrade::resume(pgdata) {
+            tracing::warn!(instance = %self.config.name, %error, "could not finish an interrupted upgrade swap");
+            return Ok(());
+        }
         if !initialized(pgdata) {
             if let (true, Some(upstream)) = (named_other, &desired.upstream) {
                 tracing::info!(instance = %self.config.name, "empty data directory: cloning the primary");
@@ -736,6 +747,27 @@ impl<C: ControlPlane> Agent<C> {
         }
         let standby_data = is_standby_data(pgdata);
         self.role = Some(if standby_data { Role::Standby } else { Role::Primary });
+        match self.upgrade.before_start(&self.config, desired.major_upgrade.as_ref(), standby_data).await {
+            BeforeStart::Start => {}
+            BeforeStart::Hold => return Ok(()),
+            BeforeStart::Reclone => {
+                let (true, Some(upstream)) = (named_other, &desired.upstream) else { return Ok(()) };
+                // A copy of the old major is of no use to a standby of the new one; the
+                // primary's previous data directory and the pre-upgrade backup are the way back.
+                tracing::info!(instance = %self.config.name, "standby data of an older major: cloning the upgraded primary");
+                std::fs::remove_dir_all(pgdata)
+                    .map_err(|source| StandbyError::Files { path: pgdata.clone(), source })?;
+                standby::clone_from(&self.config, upstream).await?;
+                self.upgrade.recloned();
+                self.last_sample = None;
+                return self.start(Role::Standby, Some(upstream));
+            }
+        }
+        // The instance the operator upgrades is the only possible primary meanwhile (failover
+        // is held), and pg_upgrade starts its data on timeline 1 whatever the Lease says.
+        let upgrading_me = desired.major_upgrade.as_ref().is_some_and(|instruction| {
+            instruction.allowed && !instruction.primary_upgraded && instruction.primary == self.config.name
+        });
         match (standby_data, target_me, named_other, &desired.upstream) {
             // A primary restarts in place (crash recovery) only while it can hold the Lease.
             (false, true, _, _) => {
@@ -744,7 +776,7 @@ impl<C: ControlPlane> Agent<C> {
                 }
                 let (record, _, _) = self.read_lease().await?;
                 let local = standby::shutdown_checkpoint(&self.config).await?.timeline;
-                if let Some(leased) = record.timeline.filter(|leased| *leased > local) {
+                if let Some(leased) = record.timeline.filter(|leased| *leased > local && !upgrading_me) {
                     // Another instance was promoted since this data was primary: starting it as
                     // primary would fork the history. The operator's view is stale; wait.
                     tracing::warn!(instance = %self.config.name, local_timeline = local, lease_timeline = leased, "not starting as primary: the Lease names a newer timeline");

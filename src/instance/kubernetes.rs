@@ -49,6 +49,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         configuration: None,
         declarations: None,
         import: None,
+        major_upgrade: None,
     }
 }
 
@@ -199,6 +200,11 @@ impl ControlPlane for KubeControlPlane {
             .is_some_and(|import| import.phase == crate::api::import::ImportPhase::Completed);
         desired.import =
             database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.clone()).filter(|_| !imported);
+        desired.major_upgrade = database
+            .status
+            .as_ref()
+            .and_then(|status| status.major_upgrade.as_ref())
+            .and_then(crate::instance::upgrade_keeper::instruction);
         Ok(desired)
     }
 
@@ -276,6 +282,7 @@ mod tests {
                 configuration: None,
                 declarations: None,
                 import: None,
+                major_upgrade: None,
             }
         );
     }

@@ -28,6 +28,9 @@ const UPGRADE_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 const TOOL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest reason kept from pg_upgrade's output (it goes into a condition and an Event).
 const MAX_REASON_CHARACTERS: usize = 600;
+/// The servers started during an upgrade archive nothing: the pod's archive settings already
+/// name the new system's archive, which the old system's WAL must not claim (see `store::owner`).
+const NO_ARCHIVING: &str = "-c archive_mode=off";
 /// Ports of the servers pg_upgrade starts (unix socket only, in the work directory).
 const OLD_PORT: &str = "50432";
 const NEW_PORT: &str = "50433";
@@ -217,7 +220,10 @@ pub async fn upgrade(
         run(os_user, previous_bin, "pg_controldata", &["-D".into(), data.clone()], TOOL_TIMEOUT, None).await?;
     if !control.lines().any(|line| line.starts_with("Database cluster state") && line.ends_with("shut down")) {
         // pg_upgrade wants a clean shutdown: crash recovery by the old major, then a clean stop.
-        let socket = format!("-c listen_addresses='' -c unix_socket_directories={} -p {OLD_PORT}", work.display());
+        let socket = format!(
+            "-c listen_addresses='' -c unix_socket_directories={} -p {OLD_PORT} {NO_ARCHIVING}",
+            work.display()
+        );
         let start = ["-D".into(), data.clone(), "-w".into(), "-o".into(), socket, "start".into()];
         let stop = ["-D".into(), data.clone(), "-w".into(), "-m".into(), "fast".into(), "stop".into()];
         run(os_user, previous_bin, "pg_ctl", &start, TOOL_TIMEOUT, Some(&work)).await?;
@@ -246,6 +252,8 @@ pub async fn upgrade(
         format!("--socketdir={}", work.display()),
         format!("--old-port={OLD_PORT}"),
         format!("--new-port={NEW_PORT}"),
+        format!("--old-options={NO_ARCHIVING}"),
+        format!("--new-options={NO_ARCHIVING}"),
     ];
     // Copy is pg_upgrade's default (its --copy flag only exists from 16 on).
     if method == UpgradeMethod::Link {

@@ -29,6 +29,7 @@ pub mod secrets;
 pub mod slots;
 pub mod standby;
 pub mod tls;
+pub mod upgrade_keeper;
 pub mod watchdog;
 
 pub use agent::{Agent, AgentError, RELEASED_WAL_WAIT, UNRESPONSIVE_QUERIES};
@@ -139,6 +140,8 @@ pub struct Desired {
     pub declarations: Option<crate::api::roles::Declarations>,
     /// `spec.bootstrap.import`, done once by a primary; None when there is none (or unknown).
     pub import: Option<crate::api::import::ImportSpec>,
+    /// An in-place major upgrade in progress (from `status.majorUpgrade`); None otherwise.
+    pub major_upgrade: Option<crate::instance::upgrade_keeper::UpgradeInstruction>,
 }
 
 /// The server configuration the user asked for (`spec.postgresql`).

@@ -269,6 +269,27 @@ pub fn render(view: &StatusView) -> String {
         }
     }
 
+    if let Some(upgrade) = &status.major_upgrade {
+        let downtime =
+            upgrade.downtime_milliseconds.map(|milliseconds| format!("{:.1} s", milliseconds as f64 / 1000.0));
+        let _ = writeln!(
+            out,
+            "\nMajor upgrade: {} to {} {:?} (primary {}, down {}, statistics {})",
+            upgrade.from_version,
+            upgrade.to_version,
+            upgrade.phase,
+            upgrade.primary,
+            or_dash(downtime.as_deref()),
+            or_dash(upgrade.analyze.as_deref())
+        );
+        for step in &upgrade.steps {
+            let _ = writeln!(out, "  {:<32} {:.1} s", step.name, step.milliseconds as f64 / 1000.0);
+        }
+        if let Some(message) = &upgrade.message {
+            let _ = writeln!(out, "  {message}");
+        }
+    }
+
     let conditions: Vec<_> =
         status.conditions.iter().filter(|condition| condition.type_ != CONTINUOUS_ARCHIVING).collect();
     if !conditions.is_empty() {

@@ -65,11 +65,12 @@ fn secret_value(secret: &Secret, name: &str, key: &str) -> Result<String, ListDa
         .ok_or_else(|| ListDatabaseBackupsError::MissingKey { secret: name.to_string(), key: key.to_string() })
 }
 
-/// A client for `store` with the credentials of its Secret in `namespace`.
+/// A client for `store` with the credentials of its Secret in `namespace`, and the layout of the
+/// archive of `server_name`.
 pub async fn connect(
     client: &kube::Client,
     namespace: &str,
-    database_name: &str,
+    server_name: &str,
     store: &ObjectStore,
 ) -> Result<(S3Client, KeyLayout), ListDatabaseBackupsError> {
     let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
@@ -118,7 +119,7 @@ pub async fn connect(
         // The client has loaded it; the file is not needed any more.
         let _ = std::fs::remove_file(path);
     }
-    let layout = KeyLayout::new(store.path.as_deref().unwrap_or(""), store.server_name_or(database_name))?;
+    let layout = KeyLayout::new(store.path.as_deref().unwrap_or(""), server_name)?;
     Ok((s3?, layout))
 }
 
@@ -159,7 +160,8 @@ pub async fn print_backups(client: kube::Client, namespace: &str, name: &str) ->
             namespace: namespace.to_string(),
         })?;
     let store = database.spec.backup.as_ref().ok_or_else(|| ListDatabaseBackupsError::NoBackup(name.to_string()))?;
-    let (s3, layout) = connect(&client, namespace, name, &store.object_store).await?;
+    let server_name = database.archive_server_name().unwrap_or_else(|| name.to_string());
+    let (s3, layout) = connect(&client, namespace, &server_name, &store.object_store).await?;
     let backups = list_backups(&s3, &layout).await?;
     let wal = list_wal(&s3, &layout).await?;
     let window = recoverable_window(&backups, &wal);

@@ -164,6 +164,14 @@ postgres_rootfs() {
   cp -a /usr/lib/locale/C.utf8 "$root/usr/lib/locale/" # initdb --locale C.UTF-8
   mapfile -t executables < <(find "$root/usr/lib/postgresql/$major" -type f \( -perm -u+x -o -name '*.so' \) | sed "s|^$root||")
   copy_with_libraries "$root" /bin/bash "${executables[@]}"
+  # And the libraries of the host's PostgreSQL 15: an in-place upgrade from 15 runs its binaries
+  # (copied from the 15 image by the operator's init container) in this image, as it runs an
+  # official image's in the next one (they share their Debian base, so their libraries).
+  # (Without JIT, as the 15 image: libLLVM alone is over 100 MB.)
+  find /usr/lib/postgresql/15 -type f \( -perm -u+x -o -name '*.so' \) ! -name 'llvmjit*' -exec ldd {} \; 2>/dev/null |
+    awk '/=> \//{print $3}' | sort -u | while read -r library; do
+      [ -e "$root$library" ] || { mkdir -p "$root$(dirname "$library")"; cp -L "$library" "$root$library"; }
+    done
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
   cp /bin/busybox "$root/bin/busybox"
   for command in sh ls cat echo sleep id env mkdir rm chown chmod mv cp find grep sed date dirname basename \

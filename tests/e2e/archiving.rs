@@ -37,6 +37,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         pending_restart: Vec::new(),
         declared: None,
         import: None,
+        major_upgrade: None,
         archiving: Some(archiving),
     }
 }

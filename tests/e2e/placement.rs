@@ -183,6 +183,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         pending_restart: Vec::new(),
         declared: None,
         import: None,
+        major_upgrade: None,
         archiving: None,
     }
 }

@@ -33,3 +33,4 @@ mod security;
 mod support;
 mod synchronous;
 mod tls;
+mod upgrade;

@@ -193,6 +193,7 @@ impl ControlPlane for MemoryControlPlane {
             configuration: world.configuration.clone(),
             declarations: world.declarations.clone(),
             import: world.import.clone(),
+            major_upgrade: None,
         })
     }
 
@@ -269,7 +270,12 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
             InstanceObservation { name: name.clone(), pod, report, fenced_by_hand: false }
         })
         .collect();
-    let observed = Observed { instances, lease: Some(world.lease.clone()), switchover_to: world.switchover_to.clone() };
+    let observed = Observed {
+        instances,
+        lease: Some(world.lease.clone()),
+        switchover_to: world.switchover_to.clone(),
+        held_by_major_upgrade: false,
+    };
     let decision = decide(&world.status, &observed, settings, Utc::now());
     world.status = decision.status;
     match &decision.action {

@@ -170,6 +170,17 @@ async fn apply_children(
     if let Some(instance) = &workload.release_lease_of {
         release_primary_lease(database, instance, context).await?;
     }
+    if let Some(name) = &workload.create_backup {
+        let backup = crate::operator::database::major_upgrade::pre_upgrade_backup(database, name);
+        let backups: Api<crate::api::database_service_backup::DatabaseServiceBackup> =
+            Api::namespaced(client.clone(), &namespace);
+        match backups.create(&kube::api::PostParams::default(), &backup).await {
+            Ok(_) => applied.children.push((describe(&backup), ApplyOutcome::Created)),
+            // A pass that did not see it yet: it is there.
+            Err(kube::Error::Api(response)) if response.code == 409 => {}
+            Err(error) => return Err(error),
+        }
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ use crate::operator::database::build::{self, WorkloadInputs};
 use crate::operator::database::certificates::{decide_certificates, observed_certificates, CertificateWork};
 use crate::operator::database::failover::pass::{decide_failover, report_of, FailoverInput, URGENT_REQUEUE};
 use crate::operator::database::healing::{decide_rollout, Rollout};
+use crate::operator::database::major_upgrade::{decide_major_upgrade, MajorUpgradeInput};
 use crate::operator::database::observe::{claim_class, claim_request, Observed};
 use crate::operator::database::pod_health::{self, PodHealth};
 use crate::operator::database::pod_replacement::{rolling_step, RollingStep};
@@ -81,6 +82,8 @@ pub struct Workload {
     pub release_lease_of: Option<String>,
     /// Remove the switchover annotation from the DatabaseService.
     pub clear_switchover_request: bool,
+    /// Create this `DatabaseServiceBackup` (the backup before a major upgrade), if absent.
+    pub create_backup: Option<String>,
     /// The DatabaseService was provisioned in an earlier pass: a missing child was deleted.
     pub provisioned_before: bool,
     /// Nothing in the spec or the decisions changed: a differing child was edited by hand.
@@ -143,7 +146,23 @@ pub fn decide(input: &DecideInput) -> Decision {
     // The one StatefulSet this pass needs, expanded from its compact cached form.
     let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let live_stateful_set = expanded.as_ref();
-    let mut rollout = decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal);
+    let upgrade_instances: Vec<_> =
+        observed.pods.iter().zip(&pods).map(|(pod, health)| (health.clone(), report_of(pod))).collect();
+    let past_the_way_back = crate::operator::database::major_upgrade::past_the_way_back(database, &upgrade_instances);
+    let mut rollout =
+        decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal, past_the_way_back);
+    let upgrade = decide_major_upgrade(
+        &MajorUpgradeInput {
+            database,
+            instances: &upgrade_instances,
+            backup: observed.pre_upgrade_backup.as_ref(),
+            rolled_out: pod_health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas),
+            now,
+        },
+        &mut status,
+        &mut rollout,
+        &mut journal,
+    );
     rollout.replicas = rollout.replicas.max(replicas_keeping_the_primary(&status.failover));
     let inputs = WorkloadInputs {
         image: rollout.image.clone(),
@@ -160,7 +179,17 @@ pub fn decide(input: &DecideInput) -> Decision {
         .stateful_set
         .as_deref()
         .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
-    let rolling = rolling_step(&observed.pods, &pods, live_stateful_set, &status.failover, stateful_set_current);
+    let rolling = rolling_step(
+        &observed.pods,
+        &pods,
+        live_stateful_set,
+        &status.failover,
+        stateful_set_current,
+        upgrade.primary_first.as_deref(),
+    );
+    if matches!((&rolling, &upgrade.primary_first), (RollingStep::Replace(pod), Some(primary)) if pod == primary) {
+        crate::operator::database::major_upgrade::primary_stopped(&mut status, now);
+    }
     let rolling_switchover = match &rolling {
         RollingStep::SwitchoverTo(target) => Some(target.clone()),
         _ => None,
@@ -179,6 +208,7 @@ pub fn decide(input: &DecideInput) -> Decision {
                 &observed.cordoned_nodes,
             ),
             timer_seen: failover_timer_seen,
+            held_by_major_upgrade: status.major_upgrade.as_ref().is_some_and(|upgrade| upgrade.holds_failover()),
         },
         &mut status,
         &mut journal,
@@ -224,6 +254,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         pod_deletions,
         claim_changes,
         release_lease_of: failover.release_lease_of,
+        create_backup: upgrade.create_backup,
         clear_switchover_request: failover.clear_switchover_request,
         provisioned_before,
         drift_possible: provisioned_before

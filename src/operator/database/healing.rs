@@ -45,6 +45,10 @@ struct Pass<'a> {
 }
 
 /// Decides the image, the instance count and any rollback, restart, degrade or restore of this pass.
+/// `past_the_way_back`: an in-place major upgrade's new server runs on data that has no way back
+/// (see [`crate::operator::database::major_upgrade::past_the_way_back`]): the progress deadline
+/// no longer rolls back, since the old image could not start on that data.
+#[allow(clippy::too_many_arguments)]
 pub fn decide_rollout(
     database: &DatabaseService,
     status: &mut DatabaseServiceStatus,
@@ -53,6 +57,7 @@ pub fn decide_rollout(
     settings: &ControllerSettings,
     now: DateTime<Utc>,
     journal: &mut Journal,
+    past_the_way_back: bool,
 ) -> Rollout {
     let old_status = status.clone();
     let spec = &database.spec;
@@ -72,7 +77,7 @@ pub fn decide_rollout(
     let replicas = status.degraded_replicas.unwrap_or(desired_replicas).min(desired_replicas);
     let rolled_out = pod_health::rolled_out(stateful_set, pods, &image, replicas);
     let mut rollout = Rollout { version, image, replicas, rolled_back, changed_workload: false };
-    decide_rollback(&pass, status, rolled_out, &mut rollout, journal);
+    decide_rollback(&pass, status, rolled_out || past_the_way_back, &mut rollout, journal);
     // Restarts wait while a rollout is under way: the rollback handles an unhealthy new version.
     let rollout_in_progress = status.rollout_started_at.is_some() || stateful_set.is_none();
     if !rollout_in_progress && !rollout.changed_workload {
@@ -118,25 +123,52 @@ fn decide_rollback(
         "version {} did not become ready within {deadline}s; rolled back to {stable_version}. spec.version is left as written: change the spec to try again",
         spec.version,
     );
-    let entry = LedgerEntry::at(
+    roll_back(
+        pass.database,
+        status,
+        rollout,
+        journal,
+        RollbackReason { condition_reason: "ProgressDeadlineExceeded", ledger: "progress deadline exceeded", message },
         pass.now,
-        pass.generation,
-        "RolledBack",
-        spec.version.clone(),
-        stable_version.clone(),
-        "progress deadline exceeded",
     );
+}
+
+/// Why a change is rolled back: the condition's reason, the ledger's outcome and the message.
+pub struct RollbackReason {
+    /// `RolledBack` condition reason, such as `ProgressDeadlineExceeded`.
+    pub condition_reason: &'static str,
+    /// The ledger entry's outcome.
+    pub ledger: &'static str,
+    /// For people: the condition's message and the event's note.
+    pub message: String,
+}
+
+/// Returns the workload to the last stable version and image for this generation of the spec
+/// (until the spec changes), with the `RolledBack` condition, a Warning event and a ledger entry.
+pub fn roll_back(
+    database: &DatabaseService,
+    status: &mut DatabaseServiceStatus,
+    rollout: &mut Rollout,
+    journal: &mut Journal,
+    reason: RollbackReason,
+    now: DateTime<Utc>,
+) {
+    let generation = database.metadata.generation.unwrap_or(0);
+    let spec = &database.spec;
+    let stable_version = status.last_stable_version.clone().unwrap_or_default();
+    let entry =
+        LedgerEntry::at(now, generation, "RolledBack", spec.version.clone(), stable_version.clone(), reason.ledger);
     let transition = Transition {
         condition: types::ROLLED_BACK,
         status: true,
-        condition_reason: "ProgressDeadlineExceeded",
+        condition_reason: reason.condition_reason,
         event_reason: "RolledBack",
         warning: true,
-        message,
+        message: reason.message,
         entry: Some(entry),
     };
-    journal.transition(&mut status.conditions, transition, pass.generation, pass.now);
-    status.failed_generation = Some(pass.generation);
+    journal.transition(&mut status.conditions, transition, generation, now);
+    status.failed_generation = Some(generation);
     status.failed_version = Some(spec.version.clone());
     status.rollout_started_at = None;
     status.restart_count = 0;

@@ -18,6 +18,7 @@ pub mod decide;
 pub mod error;
 pub mod failover;
 pub mod healing;
+pub mod major_upgrade;
 pub mod observe;
 pub mod pod_health;
 pub mod pod_replacement;

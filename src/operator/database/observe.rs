@@ -51,6 +51,8 @@ pub struct Observed {
     pub primary_lease: Option<crate::lease::LeaseRecord>,
     /// The nodes of these pods that are cordoned (`spec.unschedulable`).
     pub cordoned_nodes: std::collections::BTreeSet<String>,
+    /// The backup before a major upgrade, read only while the upgrade waits for it.
+    pub pre_upgrade_backup: Option<crate::operator::database::major_upgrade::BackupObservation>,
 }
 
 /// Reads the children of `database` from the caches.
@@ -87,6 +89,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         expandable_classes: BTreeMap::new(),
         primary_lease: None,
         cordoned_nodes,
+        pre_upgrade_backup: None,
     }
 }
 
@@ -197,5 +200,31 @@ pub async fn storage_classes(
         let expandable = classes.get_opt(&class).await?.and_then(|class| class.allow_volume_expansion).unwrap_or(false);
         observed.expandable_classes.insert(class, expandable);
     }
+    Ok(())
+}
+
+/// Fills [`Observed::pre_upgrade_backup`] while a major upgrade waits for its backup (a GET, only
+/// in that phase).
+pub async fn pre_upgrade_backup(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    use crate::api::database_service_backup::DatabaseServiceBackup;
+    use crate::api::major_upgrade::MajorUpgradePhase;
+    let Some(upgrade) = database.status.as_ref().and_then(|status| status.major_upgrade.as_ref()) else {
+        return Ok(());
+    };
+    if upgrade.phase != MajorUpgradePhase::BackingUp {
+        return Ok(());
+    }
+    let Some(major) = crate::api::version::major_version(&upgrade.to_version) else { return Ok(()) };
+    let name = crate::api::major_upgrade::backup_name(&database.name_any(), major);
+    let backups: Api<DatabaseServiceBackup> =
+        Api::namespaced(client.clone(), &database.namespace().unwrap_or_default());
+    observed.pre_upgrade_backup = backups.get_opt(&name).await?.map(|backup| {
+        let status = backup.status.unwrap_or_default();
+        crate::operator::database::major_upgrade::BackupObservation { phase: status.phase, message: status.message }
+    });
     Ok(())
 }

@@ -98,15 +98,38 @@ pub fn next_step(instances: &[RollingInstance], primary: Option<&str>, engaged: 
         )
 }
 
+/// The next step of an in-place major upgrade (or its rollback): `primary` first, whatever the
+/// standbys do (it is down on purpose and failover is held), then, once it is Ready, each
+/// outdated standby, one at a time (each clones the new primary afresh).
+pub fn primary_first_step(instances: &[RollingInstance], primary: &str) -> RollingStep {
+    if instances.iter().all(|instance| instance.updated) {
+        return RollingStep::Done;
+    }
+    let Some(first) = instances.iter().find(|instance| instance.name == primary) else { return RollingStep::Wait };
+    if !first.updated {
+        return if first.present { RollingStep::Replace(primary.to_string()) } else { RollingStep::Wait };
+    }
+    if !first.ready || instances.iter().any(|instance| instance.updated && !instance.ready) {
+        return RollingStep::Wait;
+    }
+    instances
+        .iter()
+        .filter(|instance| !instance.updated && instance.present)
+        .max_by_key(|instance| instance.ordinal)
+        .map_or(RollingStep::Wait, |instance| RollingStep::Replace(instance.name.clone()))
+}
+
 /// The rolling step of this pass, from the cached pods and StatefulSet and the failover status as
 /// stored. Nothing while the template changes this pass or the StatefulSet controller has not yet
-/// seen the current template.
+/// seen the current template. `primary_first`: a major upgrade's order (see
+/// [`primary_first_step`]).
 pub fn rolling_step(
     pods: &[Arc<Pod>],
     health: &[PodHealth],
     stateful_set: Option<&StatefulSet>,
     failover: &FailoverStatus,
     template_current: bool,
+    primary_first: Option<&str>,
 ) -> RollingStep {
     let Some(stateful_set) = stateful_set.filter(|_| template_current) else { return RollingStep::Wait };
     let status = stateful_set.status.clone().unwrap_or_default();
@@ -137,6 +160,9 @@ pub fn rolling_step(
         && failover.target_primary == failover.current_primary
         && failover.transition.is_none()
         && failover.primary_failing_since.is_none();
+    if let Some(primary) = primary_first {
+        return primary_first_step(&instances, primary);
+    }
     let primary = failover.current_primary.as_deref().filter(|_| settled);
     next_step(&instances, primary, failover.timeline.is_some())
 }
@@ -219,6 +245,27 @@ mod tests {
     fn a_single_instance_is_replaced_in_place_and_nothing_is_done_when_all_are_updated() {
         assert_eq!(next_step(&[instance(0, false)], Some("db-0"), true), RollingStep::Replace("db-0".into()));
         assert_eq!(next_step(&[instance(0, true), instance(1, true)], Some("db-0"), true), RollingStep::Done);
+    }
+
+    #[test]
+    fn a_major_upgrade_replaces_the_primary_first_then_each_standby_once_it_is_back() {
+        let mut instances = vec![instance(0, false), instance(1, false), instance(2, false)];
+        instances[1].streaming = false;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Replace("db-1".into()));
+        instances[1].updated = true;
+        instances[1].ready = false;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Wait);
+        instances[1].ready = true;
+        // Standbys of the old major no longer stream: they are replaced all the same.
+        instances[2].streaming = false;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Replace("db-2".into()));
+        instances[2].updated = true;
+        instances[2].ready = false;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Wait);
+        instances[2].ready = true;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Replace("db-0".into()));
+        instances[0].updated = true;
+        assert_eq!(primary_first_step(&instances, "db-1"), RollingStep::Done);
     }
 
     #[test]

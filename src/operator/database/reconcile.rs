@@ -89,6 +89,9 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     unlabelled_pods(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    crate::operator::database::observe::pre_upgrade_backup(database, &mut observed, &context.shared.client)
+        .await
+        .map_err(ReconcileError::Observe)?;
     let uid = database.metadata.uid.clone().unwrap_or_default();
     let timers = &context.shared.failover_timers;
     let running = database.status.as_ref().and_then(|status| running_timer(&status.failover));

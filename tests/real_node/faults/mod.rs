@@ -67,6 +67,12 @@ impl Bed {
 
     /// Like [`Bed::start`], with WAL archiving into `store` (an endpoint the pods reach).
     pub async fn start_with(fault: &str, instances: usize, store: Option<&str>) -> Option<Bed> {
+        Bed::start_on(fault, instances, store, None).await
+    }
+
+    /// Like [`Bed::start_with`], on PostgreSQL `version` (one of the node's other versions)
+    /// instead of the default one.
+    pub async fn start_on(fault: &str, instances: usize, store: Option<&str>, version: Option<&str>) -> Option<Bed> {
         let node = real_node_or_skip(fault)?;
         let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
         install_chart(node);
@@ -75,6 +81,9 @@ impl Bed {
         let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
         let replicas = i32::try_from(instances).expect("a few instances");
         let mut database = real_database(node, DATABASE, replicas, "Delete");
+        if let Some(version) = version {
+            database.spec.version = version.to_string();
+        }
         if let Some(endpoint) = store {
             crate::support::create_store_secret(&client, &namespace.name).await;
             database.spec.backup = Some(crate::backups::archiving(endpoint, &namespace.name));

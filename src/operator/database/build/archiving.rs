@@ -30,7 +30,7 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
         plain_env("DBSERVICE_S3_ENDPOINT", &store.endpoint),
         plain_env("DBSERVICE_S3_BUCKET", &store.bucket),
         plain_env("DBSERVICE_S3_PATH", store.path.clone().unwrap_or_default()),
-        plain_env("DBSERVICE_BACKUP_SERVER_NAME", store.server_name_or(&name)),
+        plain_env("DBSERVICE_BACKUP_SERVER_NAME", database.archive_server_name().unwrap_or(name)),
         plain_env("DBSERVICE_S3_REGION", store.region.clone().unwrap_or_else(|| "us-east-1".into())),
         plain_env("DBSERVICE_S3_ACCESS_KEY_ID_FILE", format!("{CREDENTIALS_DIRECTORY}/accessKeyId")),
         plain_env("DBSERVICE_S3_SECRET_ACCESS_KEY_FILE", format!("{CREDENTIALS_DIRECTORY}/secretAccessKey")),

@@ -12,6 +12,7 @@ pub mod container;
 pub mod credentials;
 pub mod disruption;
 pub mod environment;
+pub mod major_upgrade;
 pub mod network_policy;
 pub mod placement;
 pub mod probes;

@@ -7,7 +7,7 @@ use crate::api::pod::{RESTART_ANNOTATION, RESTART_PARAMETERS_ANNOTATION};
 use crate::operator::database::build::container::{agent_init_container, postgres_container};
 use crate::operator::database::build::security::database_pod_security_context;
 use crate::operator::database::build::volumes::{claim_template, pod_volumes};
-use crate::operator::database::build::{archiving, metadata, placement, recovery, WorkloadInputs};
+use crate::operator::database::build::{archiving, major_upgrade, metadata, placement, recovery, WorkloadInputs};
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
@@ -50,6 +50,7 @@ fn pod_template(database: &DatabaseService, inputs: &WorkloadInputs) -> PodTempl
     if with_agent {
         archiving::add_archiving(&mut pod, database);
         recovery::add_recovery(&mut pod, database);
+        major_upgrade::add_major_upgrade(&mut pod, database, inputs);
     }
     PodTemplateSpec {
         metadata: Some(ObjectMeta {

@@ -18,6 +18,9 @@ pub struct Observed {
     pub lease: Option<LeaseRecord>,
     /// The standby a person asked to switch over to, if any.
     pub switchover_to: Option<String>,
+    /// An in-place major upgrade holds failover and switchover: the primary is down on purpose,
+    /// or the standbys are of another major than the primary.
+    pub held_by_major_upgrade: bool,
 }
 
 /// Why an instance cannot be promoted (or a switchover is refused).
@@ -62,6 +65,8 @@ pub enum Rejection {
     TimedOut,
     /// The database has no other instance to promote.
     NoStandby,
+    /// An in-place major upgrade is under way (see `operator::database::major_upgrade`).
+    MajorUpgrade,
 }
 
 /// What the operator does after writing the returned status.
@@ -288,6 +293,17 @@ fn steady(
     }
     let healthy = primary.is_some_and(|primary| primary.pod == PodState::Ready)
         && report.is_some_and(|report| report.postgres_ready && report.role == Role::Primary);
+    if observed.held_by_major_upgrade && status.transition.is_none() {
+        // The upgrade stops the primary on purpose, and a standby of the old major promoted
+        // beside an upgraded primary would fork the database: nothing moves until it is done.
+        next.primary_failing_since = None;
+        let action = if healthy {
+            Action::Steady
+        } else {
+            Action::FailoverBlocked { primary: current, reason: Rejection::MajorUpgrade }
+        };
+        return Decision { status: next, action };
+    }
     if !healthy && observed.instances.iter().all(|instance| instance.name == current) {
         // A single instance is never "failed over": that would stop its own server (the target
         // is no longer itself) and leave the database down until the failover was abandoned.

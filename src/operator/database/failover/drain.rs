@@ -78,6 +78,7 @@ mod tests {
             pending_restart: Vec::new(),
             declared: None,
             import: None,
+            major_upgrade: None,
             archiving: None,
         }
     }

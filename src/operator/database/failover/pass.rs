@@ -168,6 +168,8 @@ pub struct FailoverInput<'a> {
     pub drain_switchover: Option<String>,
     /// How long this process has seen the running failover timer (None: judge it by `now`).
     pub timer_seen: Option<Duration>,
+    /// An in-place major upgrade holds failover and switchover.
+    pub held_by_major_upgrade: bool,
 }
 
 /// Decides the failover step of one pass: updates `status` (failover fields and instances) and
@@ -229,7 +231,12 @@ pub fn decide_failover(
     }
     let switchover_to =
         request.clone().or_else(|| input.rolling_switchover.clone()).or_else(|| input.drain_switchover.clone());
-    let observed = failover::Observed { instances: instances.clone(), lease: lease.cloned(), switchover_to };
+    let observed = failover::Observed {
+        instances: instances.clone(),
+        lease: lease.cloned(),
+        switchover_to,
+        held_by_major_upgrade: input.held_by_major_upgrade,
+    };
     let settings = database.spec.failover_settings();
     // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
     let judged_at = match (clock::running_timer(&current), input.timer_seen) {

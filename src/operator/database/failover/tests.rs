@@ -30,6 +30,7 @@ fn primary_report() -> InstanceReport {
         pending_restart: Vec::new(),
         declared: None,
         import: None,
+        major_upgrade: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn observed(instances: Vec<InstanceObservation>) -> Observed {
             ..Default::default()
         }),
         switchover_to: None,
+        held_by_major_upgrade: false,
     }
 }
 
@@ -780,4 +782,23 @@ fn a_standby_on_an_older_timeline_is_never_promoted_however_far_it_got() {
             Action::NoCandidate { rejected: vec![("db-2".into(), Rejection::OldTimeline { timeline: 1, current: 2 })] },
         ),
     ]);
+}
+
+#[test]
+fn a_major_upgrade_holds_failover_and_switchover() {
+    let held = |instances| Observed { held_by_major_upgrade: true, ..observed(instances) };
+    let blocked = Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::MajorUpgrade };
+    let gone = || vec![instance("db-0", PodState::Gone, None), standby("db-1", 100 * MIB, true)];
+    let requested = Observed {
+        switchover_to: Some("db-1".into()),
+        ..held(vec![healthy_primary(), standby("db-1", 100 * MIB, true)])
+    };
+    check(vec![
+        ("the primary's pod replaced for pg_upgrade", steady_status(), held(gone()), settings(0), 10, blocked.clone()),
+        ("a failing timer from before is dropped", failing_status(0), held(gone()), settings(0), 10, blocked),
+        ("a switchover request waits", steady_status(), requested, settings(0), 10, Action::Steady),
+    ]);
+    let decision = decide(&failing_status(0), &held(gone()), &settings(0), at(10));
+    assert_eq!(decision.status.primary_failing_since, None);
+    assert_eq!(decision.status.target_primary.as_deref(), Some("db-0"));
 }

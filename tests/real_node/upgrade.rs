@@ -1,0 +1,201 @@
+//! In-place major upgrades on the real node (issue 24): a two-instance database of the default
+//! major (15) under the fault suite's two writers is upgraded to 17 by changing `spec.version`: a
+//! backup first, the primary upgraded with pg_upgrade, the standby cloned again; every
+//! acknowledged commit is on the new primary, no two servers accepted writes, both instances run
+//! 17 and stream, and a backup after the upgrade (into the new archive) completes. An upgrade that
+//! pg_upgrade refuses rolls back to 15 on the untouched data. Lines `[upgrade]` give the figures.
+
+use crate::failover::{epoch_now, ledger_entries, DATABASE};
+use crate::faults::Bed;
+use crate::object_store::{moto_server, skip_or_fail, Store};
+use crate::support::eventually;
+use dbservice_operator::api::backup::{BootstrapSpec, RecoverySpec};
+use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::database_service_backup::{DatabaseServiceBackup, DatabaseServiceBackupSpec};
+use dbservice_operator::api::major_upgrade::{MajorUpgradePhase, MajorUpgradeStatus};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::Api;
+use std::time::Duration;
+
+/// Longest wait for an upgrade (backup, pg_upgrade, the standby's clone) on a busy 2-core machine.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn version_of(bed: &Bed, major: u32) -> String {
+    other_version(bed.node, major)
+}
+
+fn other_version(node: &crate::environment::RealNode, major: u32) -> String {
+    node.other_versions
+        .iter()
+        .find(|version| version.split('.').next() == Some(major.to_string().as_str()))
+        .unwrap_or_else(|| panic!("no image of PostgreSQL {major} on the real node (tests/cluster/images.sh node)"))
+        .clone()
+}
+
+async fn change_version(databases: &Api<DatabaseService>, version: &str, method: Option<&str>) {
+    // The image was defaulted from the version: it follows the new one (the mutating webhook).
+    let patch = Patch::Merge(serde_json::json!({"spec": {"version": version, "image": null, "upgradeMethod": method}}));
+    databases.patch(DATABASE, &PatchParams::default(), &patch).await.unwrap();
+}
+
+async fn upgrade_ended(databases: &Api<DatabaseService>, phase: MajorUpgradePhase) -> MajorUpgradeStatus {
+    eventually(&format!("the major upgrade {phase:?}"), UPGRADE_TIMEOUT, || async {
+        let status = databases.get(DATABASE).await.ok()?.status?;
+        let upgrade = status.major_upgrade?;
+        if matches!(upgrade.phase, MajorUpgradePhase::Completed | MajorUpgradePhase::RolledBack) {
+            assert_eq!(upgrade.phase, phase, "{upgrade:?}");
+            return Some(upgrade);
+        }
+        None
+    })
+    .await
+}
+
+fn server_major(bed: &Bed, pod: &str) -> u32 {
+    let number: u32 =
+        crate::environment::psql_in_instance(bed.ns(), pod, "show server_version_num").trim().parse().unwrap();
+    number / 10_000
+}
+
+#[tokio::test]
+async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
+    let fault = "major upgrade 15 to 17 (copy mode)";
+    let Some(moto) = moto_server() else {
+        return skip_or_fail("no moto_server (python3 -m pip install 'moto[server]')");
+    };
+    let work = tempfile::Builder::new().prefix("dbservice-upgrade-").tempdir_in("/tmp").unwrap();
+    let store = Store::start_on(&moto, &work.path().join("moto.log"), crate::backups::BRIDGE_ADDRESS).await;
+    let Some(bed) = Bed::start_with(fault, 2, Some(&store.endpoint)).await else { return };
+    let target = version_of(&bed, 17);
+    let primary = bed.primary().await;
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    change_version(&bed.databases(), &target, None).await;
+    let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::Completed).await;
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_eq!(outcome.lost, 0, "{fault}: {outcome:?}");
+    assert!(outcome.overlaps.is_empty(), "{fault}: two writable primaries: {:?}", outcome.overlaps);
+    assert_eq!(upgrade.primary, primary, "{upgrade:?}");
+    assert!(upgrade.steps.iter().any(|step| step.name == "pg_upgrade"), "{upgrade:?}");
+    let downtime = upgrade.downtime_milliseconds.expect("the downtime is measured");
+    // Every instance runs the new major, and the standby streams from the new primary.
+    let new_primary = bed.primary().await;
+    for pod in [format!("{DATABASE}-0"), format!("{DATABASE}-1")] {
+        assert_eq!(server_major(&bed, &pod), 17, "{pod}");
+    }
+    assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "the upgrade must not fail over");
+    assert_eq!(ledger_entries(bed.ns(), "MajorUpgraded").len(), 1);
+    // The backup before the upgrade completed, and one after it goes into the new archive.
+    let backups: Api<DatabaseServiceBackup> = Api::namespaced(bed.client.clone(), bed.ns());
+    let before = crate::recovery::completed(&backups, &format!("{DATABASE}-before-pg17")).await;
+    assert_eq!(before.postgres_major_version, Some(15), "{before:?}");
+    crate::environment::psql_in_instance(
+        bed.ns(),
+        &new_primary,
+        "create table upgraded (note text); insert into upgraded values ('written on 17')",
+    );
+    let spec = DatabaseServiceBackupSpec { database_service: DATABASE.into(), target: None };
+    backups.create(&PostParams::default(), &DatabaseServiceBackup::new("after", spec)).await.unwrap();
+    let after = crate::recovery::completed(&backups, "after").await;
+    assert_eq!(after.postgres_major_version, Some(17), "{after:?}");
+    let status = bed.databases().get(DATABASE).await.unwrap().status.unwrap();
+    let server_name = format!("{}-pg17", bed.ns());
+    assert_eq!(status.archive_server_name.as_deref(), Some(server_name.as_str()));
+    assert_eq!(after.server_name, status.archive_server_name, "{after:?}");
+    // That backup recovers: a new database of 17 from the new archive, with the row written on 17.
+    let mut restored = crate::environment::real_database(bed.node, "restored", 1, "Delete");
+    restored.spec.version = target.clone();
+    restored.spec.bootstrap = Some(BootstrapSpec {
+        import: None,
+        initdb: None,
+        recovery: Some(RecoverySpec {
+            source: crate::backups::object_store(&store.endpoint, &server_name),
+            backup_id: after.backup_id.clone(),
+            target: None,
+            allow_non_empty_archive: None,
+        }),
+    });
+    bed.databases().create(&PostParams::default(), &restored).await.unwrap();
+    crate::environment::wait_running(&bed.client, bed.ns(), "restored", 1, Duration::from_secs(300)).await;
+    let note = crate::environment::psql_in_instance(bed.ns(), "restored-0", "select note from upgraded");
+    assert_eq!(note.trim(), "written on 17");
+    assert_eq!(server_major(&bed, "restored-0"), 17);
+    let steps: Vec<String> =
+        upgrade.steps.iter().map(|step| format!("{} {:.1} s", step.name, step.milliseconds as f64 / 1000.0)).collect();
+    eprintln!(
+        "[upgrade] 15 to {target}, copy mode, 2 instances under the writers: primary {primary} down {:.1} s ({}); \
+         acknowledged {} lost {}; new primary {new_primary}; analyze {:?}",
+        downtime as f64 / 1000.0,
+        steps.join(", "),
+        outcome.acknowledged,
+        outcome.lost,
+        upgrade.analyze,
+    );
+}
+
+#[tokio::test]
+async fn an_upgrade_pg_upgrade_refuses_rolls_back_to_15_on_the_untouched_data() {
+    let fault = "major upgrade 15 to 17 refused by pg_upgrade --check";
+    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let target = version_of(&bed, 17);
+    let primary = bed.primary().await;
+    // pg_upgrade cannot carry a reg* column other than regclass/regrole/regtype: --check refuses.
+    crate::environment::psql_in_instance(
+        bed.ns(),
+        &primary,
+        "create table refused (f regproc); insert into refused values ('now')",
+    );
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    change_version(&bed.databases(), &target, None).await;
+    let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::RolledBack).await;
+    let message = upgrade.message.clone().unwrap_or_default();
+    assert!(message.contains("reg"), "pg_upgrade's reason is shown: {upgrade:?}");
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_eq!(outcome.lost, 0, "{fault}: {outcome:?}");
+    assert!(outcome.overlaps.is_empty(), "{fault}: two writable primaries: {:?}", outcome.overlaps);
+    let back = bed.primary().await;
+    assert_eq!(back, primary, "the old primary runs again on its own data");
+    for pod in [format!("{DATABASE}-0"), format!("{DATABASE}-1")] {
+        assert_eq!(server_major(&bed, &pod), 15, "{pod}");
+    }
+    let rows = crate::environment::psql_in_instance(bed.ns(), &back, "select count(*) from refused");
+    assert_eq!(rows.trim(), "1");
+    let database = bed.databases().get(DATABASE).await.unwrap();
+    let status = database.status.unwrap();
+    let rolled_back = status.conditions.iter().find(|condition| condition.type_ == "RolledBack").expect("RolledBack");
+    assert_eq!(rolled_back.reason, "UpgradeFailed", "{rolled_back:?}");
+    assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "the rollback must not fail over");
+    eprintln!(
+        "[upgrade] refused 15 to {target}: rolled back in {:.1} s of outage, acknowledged {} lost {}: {message}",
+        outcome.rto, outcome.acknowledged, outcome.lost
+    );
+}
+
+#[tokio::test]
+async fn a_database_on_16_is_upgraded_in_place_to_18_in_link_mode() {
+    let fault = "major upgrade 16 to 18 (link mode)";
+    let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
+    let (from, to) = (other_version(node, 16), other_version(node, 18));
+    let Some(bed) = Bed::start_on(fault, 2, None, Some(&from)).await else { return };
+    let primary = bed.primary().await;
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    change_version(&bed.databases(), &to, Some("link")).await;
+    let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::Completed).await;
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_eq!(outcome.lost, 0, "{fault}: {outcome:?}");
+    assert!(outcome.overlaps.is_empty(), "{fault}: two writable primaries: {:?}", outcome.overlaps);
+    bed.primary().await;
+    for pod in [format!("{DATABASE}-0"), format!("{DATABASE}-1")] {
+        assert_eq!(server_major(&bed, &pod), 18, "{pod}");
+    }
+    assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "the upgrade must not fail over");
+    let steps: Vec<String> =
+        upgrade.steps.iter().map(|step| format!("{} {:.1} s", step.name, step.milliseconds as f64 / 1000.0)).collect();
+    eprintln!(
+        "[upgrade] {from} to {to}, link mode, 2 instances under the writers: primary {primary} down {:.1} s ({}); \
+         acknowledged {} lost {}",
+        upgrade.downtime_milliseconds.unwrap_or_default() as f64 / 1000.0,
+        steps.join(", "),
+        outcome.acknowledged,
+        outcome.lost,
+    );
+}
