@@ -340,6 +340,10 @@ impl ImportKeeper {
     /// one is due, or collects the finished one.
     pub fn keep(&mut self, config: &InstanceConfig, secrets: &SecretReader) {
         let Some(spec) = &self.wanted else { return };
+        if self.settled() {
+            // Done: no file read on every step.
+            return;
+        }
         if let Some(task) = &self.running {
             if !task.is_finished() {
                 return;

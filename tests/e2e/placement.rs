@@ -3,7 +3,9 @@
 //! and a cordon disturbs nobody else):
 //! - `nodeSelector`, `tolerations` and the default anti-affinity reach the pods, which spread;
 //! - the PodDisruptionBudgets refuse the primary's eviction, and the disruption controller
-//!   allows one standby's;
+//!   allows one standby's, not a second one's;
+//! - a required anti-affinity with fewer nodes than instances leaves one Pending, and the database
+//!   degrades with the scheduler's reason in its condition;
 //! - a cordon of the primary's node starts a switchover to a standby on the other node. No
 //!   PostgreSQL runs under kwok: the agents' reports are written with the agent's own Kubernetes
 //!   code, as in archiving.rs; the switchover itself is proven on the real node.
@@ -13,6 +15,7 @@ use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, eventually, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use dbservice_operator::api::failover::{InstanceReport, Role, TransitionKind};
+use dbservice_operator::api::placement::PodAntiAffinity;
 use dbservice_operator::instance::kubernetes::KubeControlPlane;
 use dbservice_operator::instance::ControlPlane;
 use dbservice_operator::lsn::Lsn;
@@ -163,8 +166,9 @@ async fn placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one
         refused_by_budget(&evict(&client, ns, "spread-0").await),
         "the primary is never evicted while a standby exists"
     );
-    // One standby may go.
+    // One standby may go, and not a second while it is away.
     evict(&client, ns, "spread-1").await.expect("one standby may be evicted");
+    assert!(refused_by_budget(&evict(&client, ns, "spread-2").await), "a second standby waits until the first is back");
     crate::controller::delete_and_wait_gone(&databases, "spread").await;
 }
 
@@ -228,4 +232,35 @@ async fn a_cordon_of_the_primarys_node_starts_a_switchover_to_a_standby_on_anoth
     assert_eq!((transition.kind, transition.from.as_str()), (TransitionKind::Switchover, "drained-0"));
     wait_for_event(&client, ns, "drained", "DrainSwitchover").await;
     crate::controller::delete_and_wait_gone(&databases, "drained").await;
+}
+
+#[tokio::test]
+async fn a_required_anti_affinity_with_too_few_nodes_degrades_with_the_schedulers_reason() {
+    let test = "a_required_anti_affinity_with_too_few_nodes_degrades_with_the_schedulers_reason";
+    let Some(kubeconfig) = cluster_or_skip(test) else { return };
+    let _environment = shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "required").await;
+    let ns = namespace.name.clone();
+    let _nodes = TestNodes::create(&client, &ns).await;
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
+    let mut database = placed_database("apart", &ns, 3);
+    database.spec.placement.enable_pod_anti_affinity = Some(PodAntiAffinity::Required);
+    databases.create(&PostParams::default(), &database).await.unwrap();
+    let degraded = wait_for_phase(&databases, "apart", Phase::Degraded, Duration::from_secs(180)).await;
+    let status = degraded.status.clone().unwrap();
+    let condition = status.conditions.iter().find(|condition| condition.type_ == "Degraded").unwrap();
+    assert_eq!(condition.status, "True");
+    // Which instance the scheduler leaves Pending is its choice (the pods are created at once).
+    assert!(
+        condition.message.contains("cannot be scheduled") && condition.message.contains("anti-affinity"),
+        "the condition names the instance and the scheduler's reason: {}",
+        condition.message
+    );
+    // Those that run are on different nodes.
+    let running = status.degraded_replicas.expect("degradedReplicas set");
+    let pods = running_pods(&client, &ns, "apart", running as usize).await;
+    let used: BTreeSet<String> = pods.iter().map(node_of).collect();
+    assert_eq!(used.len(), pods.len(), "{used:?}");
+    crate::controller::delete_and_wait_gone(&databases, "apart").await;
 }

@@ -83,7 +83,9 @@ async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
         assert_eq!(server_major(&bed, &pod), 17, "{pod}");
     }
     assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "the upgrade must not fail over");
-    assert_eq!(ledger_entries(bed.ns(), "MajorUpgraded").len(), 1);
+    let upgraded = ledger_entries(bed.ns(), "MajorUpgraded");
+    assert_eq!(upgraded.len(), 1, "{upgraded:?}");
+    assert!(upgraded[0].outcome.contains("pg_upgrade"), "the ledger keeps each step's time: {upgraded:?}");
     // The backup before the upgrade completed, and one after it goes into the new archive.
     let backups: Api<DatabaseServiceBackup> = Api::namespaced(bed.client.clone(), bed.ns());
     let before = crate::recovery::completed(&backups, &format!("{DATABASE}-before-pg17")).await;
@@ -170,15 +172,39 @@ async fn an_upgrade_pg_upgrade_refuses_rolls_back_to_15_on_the_untouched_data() 
     );
 }
 
+/// Loads about `DBSERVICE_UPGRADE_MEGABYTES` (default 0) of rows into the primary, for the
+/// downtime figures of a larger database.
+fn load(bed: &Bed, primary: &str) -> u64 {
+    let megabytes: u64 =
+        std::env::var("DBSERVICE_UPGRADE_MEGABYTES").ok().and_then(|value| value.parse().ok()).unwrap_or(0);
+    if megabytes > 0 {
+        // About 100 bytes a row on disk.
+        let statement = format!(
+            "create table bulk as select n::bigint, repeat('x', 40) as filler from generate_series(1, {}) n",
+            megabytes * 10_000
+        );
+        crate::environment::psql_in_instance(bed.ns(), primary, &statement);
+    }
+    megabytes
+}
+
 #[tokio::test]
 async fn a_database_on_16_is_upgraded_in_place_to_18_in_link_mode() {
-    let fault = "major upgrade 16 to 18 (link mode)";
+    // DBSERVICE_UPGRADE_METHOD=copy runs it in copy mode (for the figures).
+    let method = std::env::var("DBSERVICE_UPGRADE_METHOD").unwrap_or_else(|_| "link".into());
+    let fault = format!("major upgrade 16 to 18 ({method} mode)");
+    let fault = fault.as_str();
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
     let (from, to) = (other_version(node, 16), other_version(node, 18));
     let Some(bed) = Bed::start_on(fault, 2, None, Some(&from)).await else { return };
     let primary = bed.primary().await;
+    let megabytes = load(&bed, &primary);
+    if megabytes > 0 {
+        // The standby streams the load before the upgrade starts.
+        bed.primary().await;
+    }
     let (since, failed_at) = (bed.last_id(), epoch_now());
-    change_version(&bed.databases(), &to, Some("link")).await;
+    change_version(&bed.databases(), &to, Some(&method)).await;
     let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::Completed).await;
     let outcome = bed.conclude(fault, failed_at, since).await;
     assert_eq!(outcome.lost, 0, "{fault}: {outcome:?}");
@@ -191,8 +217,8 @@ async fn a_database_on_16_is_upgraded_in_place_to_18_in_link_mode() {
     let steps: Vec<String> =
         upgrade.steps.iter().map(|step| format!("{} {:.1} s", step.name, step.milliseconds as f64 / 1000.0)).collect();
     eprintln!(
-        "[upgrade] {from} to {to}, link mode, 2 instances under the writers: primary {primary} down {:.1} s ({}); \
-         acknowledged {} lost {}",
+        "[upgrade] {from} to {to}, {method} mode, {megabytes} MB loaded, 2 instances under the writers: primary {primary} \
+         down {:.1} s ({}); acknowledged {} lost {}",
         upgrade.downtime_milliseconds.unwrap_or_default() as f64 / 1000.0,
         steps.join(", "),
         outcome.acknowledged,

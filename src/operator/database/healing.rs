@@ -254,9 +254,17 @@ fn decide_degrade(pass: &Pass, status: &mut DatabaseServiceStatus, rollout: &mut
     let replicas = rollout.replicas;
     if let Some(prefix) = pod_health::schedulable_prefix(pass.pods, replicas, pass.now, threshold) {
         if prefix >= 1 && prefix < replicas && primary_ordinal < prefix {
+            let first = format!("{}-{prefix}", pass.database.name_any());
+            // The scheduler's own words say which: resources, anti-affinity, selectors, taints.
+            let reason = pass
+                .pods
+                .iter()
+                .find(|pod| pod.name == first)
+                .and_then(|pod| pod.unschedulable_reason.as_deref())
+                .map(|reason| format!(" (the scheduler: {reason})"))
+                .unwrap_or_default();
             let message = format!(
-                "standbys from {}-{prefix} cannot be scheduled for lack of resources; running {prefix} of {desired_replicas} instances",
-                pass.database.name_any()
+                "standbys from {first} cannot be scheduled{reason}; running {prefix} of {desired_replicas} instances"
             );
             let entry = LedgerEntry::at(
                 pass.now,

@@ -240,7 +240,7 @@ pub fn decide_major_upgrade(
                     "MajorUpgraded",
                     upgrade.from_version.clone(),
                     upgrade.to_version.clone(),
-                    format!("primary down {}", seconds(upgrade.downtime_milliseconds)),
+                    format!("primary down {}: {}", seconds(upgrade.downtime_milliseconds), steps.join(", ")),
                 );
                 journal.record(false, "MajorUpgraded", note, Some(entry));
             }
@@ -453,6 +453,7 @@ mod tests {
             unschedulable: false,
             unhealthy_since: None,
             image: image.into(),
+            unschedulable_reason: None,
             terminating: false,
         }
     }

@@ -23,6 +23,8 @@ pub struct PodHealth {
     pub unhealthy_since: Option<DateTime<Utc>>,
     /// Image of the postgres container.
     pub image: String,
+    /// The scheduler's reason when it cannot place the pod (its `PodScheduled` message).
+    pub unschedulable_reason: Option<String>,
     /// Being deleted.
     pub terminating: bool,
 }
@@ -68,6 +70,9 @@ pub fn pod_health(pod: &Pod) -> PodHealth {
         unschedulable,
         unhealthy_since,
         image,
+        unschedulable_reason: condition("PodScheduled")
+            .filter(|_| unschedulable)
+            .and_then(|condition| condition.message.clone()),
         terminating: pod.metadata.deletion_timestamp.is_some(),
     }
 }
@@ -141,6 +146,7 @@ mod tests {
             unschedulable: unschedulable_for.is_some(),
             unhealthy_since: unschedulable_for.map(|seconds| now - chrono::Duration::seconds(seconds)),
             image: "postgres:16.4".into(),
+            unschedulable_reason: None,
             terminating: false,
         }
     }
