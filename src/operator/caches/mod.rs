@@ -327,7 +327,11 @@ impl Slim for Pod {
                 conditions
                     .into_iter()
                     .map(|mut condition| {
-                        condition.message = None;
+                        // Only the scheduler's reason for not placing the pod is read (a Degraded
+                        // condition quotes it).
+                        if !(condition.type_ == "PodScheduled" && condition.status == "False") {
+                            condition.message = None;
+                        }
                         condition
                     })
                     .collect()
@@ -423,7 +427,8 @@ mod tests {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "db-0", "labels": {"a": "b"}, "managedFields": [{"manager": "x"}]},
             "spec": {"containers": [{"name": "postgres", "image": "postgres:16.4", "env": [{"name": "X", "value": "y"}]}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "message": "long text"}],
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True", "message": "long text"},
+                       {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes are available"}],
                        "containerStatuses": [{"name": "postgres", "ready": false, "restartCount": 3, "image": "i", "imageID": "",
                                               "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}}}]}
         }))
