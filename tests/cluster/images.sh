@@ -271,11 +271,14 @@ operator_image() {
   fi
   check_operator_image
   # Only into a containerd that answers: a socket left by a stopped node refuses connections (CI
-  # builds the image before the node starts; real-node.sh imports the archive when it starts).
-  local socket=/run/dbservice-containerd/containerd.sock
-  if [ -S "$socket" ] && timeout 5 ctr --address "$socket" version >/dev/null 2>&1; then
-    ctr --address "$socket" -n k8s.io images import "$archive" >/dev/null
-  fi
+  # builds the image before the node starts; real-node.sh imports the archive when it starts). Both
+  # real nodes run database pods, whose agent comes from this image.
+  local socket
+  for socket in /run/dbservice-containerd/containerd.sock /run/dbservice-containerd-2/containerd.sock; do
+    if [ -S "$socket" ] && timeout 5 ctr --address "$socket" version >/dev/null 2>&1; then
+      ctr --address "$socket" -n k8s.io images import "$archive" >/dev/null
+    fi
+  done
 }
 
 # The shipped stage is what users get: a static binary, uid 65532, no shell, no package manager.

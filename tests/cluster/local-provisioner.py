@@ -117,8 +117,11 @@ def reclaim(api: Api, directory: str) -> None:
         if volume.get("status", {}).get("phase") not in ("Released", "Failed"):
             continue
         path = os.path.realpath(volume["spec"].get("local", {}).get("path", ""))
-        # Only ever remove a directory this provisioner made.
-        if os.path.dirname(path) == directory and re.fullmatch(r"pvc-[0-9a-f-]+", os.path.basename(path)):
+        # Only ever a volume of this provisioner's node (each real node runs one): another node's
+        # directory is that node's provisioner's to remove.
+        if os.path.dirname(path) != directory:
+            continue
+        if re.fullmatch(r"pvc-[0-9a-f-]+", os.path.basename(path)):
             shutil.rmtree(path, ignore_errors=True)
         try:
             api.request("DELETE", "/api/v1/persistentvolumes/" + metadata["name"])

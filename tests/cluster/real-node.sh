@@ -43,9 +43,17 @@ COREDNS="$CACHE_ROOT/coredns-$COREDNS_VERSION/coredns"
 
 NODE=real-0
 # The pod network: its own /24 on bridge dbs0, outside kwok's fake 10.244.0.0/16 and the Services' 10.96.0.0/16.
+# The second node (second-node.sh) has the next /24 on its own bridge; POD_NETWORK covers both.
 BRIDGE=dbs0
 POD_CIDR=10.85.0.0/24
 GATEWAY=10.85.0.1
+POD_NETWORK=10.85.0.0/16
+# CoreDNS binds this node's bridge address; the second node's pods reach it there too.
+CLUSTER_DNS=10.85.0.1
+# What differs on the second node (second-node.sh sets these after sourcing this file).
+KUBELET_PORT=10250
+KUBELET_HEALTHZ_PORT=10248
+CGROUP_ROOT=/
 SERVICE_CIDR=10.96.0.0/16
 KWOK_CIDR=10.244.0.0/16
 # In-cluster clients reach the apiserver (bound to 127.0.0.1) through the `kubernetes` Service, whose
@@ -192,8 +200,8 @@ identities() {
 
 network() {
   mkdir -p "$RN/cni/net.d"
-  # Only the Service CIDR is routed out of a pod (to the bridge, where kube-proxy DNATs it): pods have no
-  # default route, so nothing they send can leave the machine.
+  # Only the Service CIDR and the other node's pods are routed out of a pod (to the bridge, where
+  # kube-proxy DNATs Services): pods have no default route, so nothing they send can leave the machine.
   cat >"$RN/cni/net.d/10-dbservice.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -201,7 +209,7 @@ network() {
   "plugins": [{
     "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$GATEWAY"}]],
-             "routes": [{"dst": "$SERVICE_CIDR"}], "dataDir": "$RN/cni/ipam"}
+             "routes": [{"dst": "$SERVICE_CIDR"}, {"dst": "$POD_NETWORK"}], "dataDir": "$RN/cni/ipam"}
   }]
 }
 EOF
@@ -263,10 +271,11 @@ failCgroupV1: false          # cgroup v1 hosts are refused by default since 1.35
 cgroupDriver: cgroupfs       # containerd 1.6 lacks the RuntimeConfig CRI call (fallback until 1.38)
 containerRuntimeEndpoint: unix://$CONTAINERD_SOCKET
 address: $address
-port: 10250
+port: $KUBELET_PORT
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 10248
+healthzPort: $KUBELET_HEALTHZ_PORT
+cgroupRoot: $CGROUP_ROOT
 tlsCertFile: $NODE_PKI/kubelet-serving.crt
 tlsPrivateKeyFile: $NODE_PKI/kubelet-serving.key
 # Clients authenticate with a certificate of the cluster CA (the apiserver's kubelet client certificate)
@@ -275,10 +284,11 @@ authentication: {anonymous: {enabled: false}, webhook: {enabled: true}, x509: {c
 authorization: {mode: Webhook}
 registerWithTaints:
 - {key: $TAINT_KEY, value: "true", effect: NoSchedule}
+$(extra_taints)
 failSwapOn: false
 resolvConf: ""               # no pod ever gets the machine's resolver: names come from our CoreDNS only
 clusterDomain: cluster.local
-clusterDNS: [$GATEWAY]
+clusterDNS: [$CLUSTER_DNS]
 podLogsDir: $RN/kubelet/pod-logs
 rotateCertificates: false
 serverTLSBootstrap: false
@@ -289,10 +299,13 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 nodeStatusReportFrequency: 10s
 EOF
   start kubelet "$K8S_DIR/kubelet" --config="$RN/kubelet/config.yaml" --kubeconfig="$NODE_PKI/kubelet.kubeconfig" \
-    --hostname-override="$NODE" --node-ip="$address" --node-labels="type=real,$TAINT_KEY=true" \
+    --hostname-override="$NODE" --node-ip="$address" --node-labels="$(node_labels)" \
     --root-dir="$RN/kubelet/root" --cert-dir="$RN/kubelet/pki" --v=1
   wait_until kubelet "Ready node $NODE" node_ready
 }
+# What the second node overrides: its labels, and a taint of its own (only the drain test goes there).
+node_labels() { echo "type=real,$TAINT_KEY=true"; }
+extra_taints() { :; }
 node_ready() { [ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 
 start_kube_proxy() {
@@ -303,7 +316,7 @@ kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $NODE_PKI/kube-proxy.kubeconfig}
 hostnameOverride: $NODE
 mode: iptables
-clusterCIDR: $POD_CIDR
+clusterCIDR: $POD_NETWORK
 bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -398,6 +411,7 @@ up() {
   start_apiserver_relay
   start_provisioner
   write_environment
+  "$here/second-node.sh" up
   log "up in $((SECONDS - started))s: node $NODE, StorageClass $STORAGE_CLASS, PostgreSQL image $POSTGRES_IMAGE"
 }
 
@@ -440,6 +454,8 @@ down() {
     rm -rf "$PIDS" "$CLUSTER_DIR/real-node.env"
     return 0
   fi
+  # The second node first: it shares this node's iptables rules and CoreDNS.
+  if [ -z "${STALE_ROOT:-}" ]; then "$here/second-node.sh" down; fi
   if [ -s "$CLUSTER_DIR/kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
     if pid_of kubelet >/dev/null; then
       # Pods first, while the kubelet runs: it stops their containers and tears down their network.
@@ -534,6 +550,7 @@ check_clean() {
   [ -z "$(own_namespaces)" ] || left+=("network namespaces cni-*")
   [ -e "$CONTAINERD_STATE" ] && left+=("$CONTAINERD_STATE")
   [ -e "$RN/volumes" ] && left+=("volumes in $RN/volumes")
+  "$here/second-node.sh" check-clean || left+=("the second node")
   if [ "${#left[@]}" -gt 0 ]; then
     printf '[real-node] left on the machine: %s\n' "${left[@]}" >&2
     return 1
@@ -554,6 +571,8 @@ status() {
 
 # shellcheck source=images.sh
 IMAGES_ONLY_VARIABLES=1 . "$here/images.sh"
+# Sourced by second-node.sh for its functions: no command then.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
 case "${1:-}" in
   up) up ;;
   down) down; log "down" ;;

@@ -1,7 +1,7 @@
 //! What a failed real-node test leaves behind: when a test panics, the state of its namespace (the
-//! DatabaseService's status, pods, Leases, the last lines of every PostgreSQL container and the
-//! operator's lines about it) is printed before the namespace goes, so that a failure seen once in
-//! CI can be explained from its output.
+//! DatabaseService's status, pods, Leases, the last lines of every PostgreSQL container and of the
+//! test's writers, and the operator's lines about it) is printed before the namespace goes, so
+//! that a failure seen once in CI can be explained from its output.
 
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{admin_kubeconfig, tool};
@@ -56,6 +56,11 @@ fn describe(namespace: &str) {
     for pod in pods.lines().filter(|line| line.starts_with("pod/")) {
         let logs = kubectl_text(&["-n", namespace, "logs", pod, "-c", "postgres", "--tail=60"]);
         eprintln!("-- {pod} (last 60 lines)\n{logs}");
+    }
+    // The checkers' last attempts tell a client that hangs from a database that does not answer.
+    for writer in ["writer", "pinned-writer"] {
+        let logs = kubectl_text(&["-n", namespace, "logs", writer, "--tail=15"]);
+        eprintln!("-- pod/{writer} (last 15 lines, now {:.1})\n{logs}", crate::failover::epoch_now());
     }
     let operator = kubectl_text(&[
         "-n",

@@ -29,15 +29,19 @@ const WRITER: &str = "writer";
 pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Commits through the Secret's uri (Service `ha`) in a loop; one line per attempt:
-/// `ack <id> <epoch seconds>` or `fail <id> <epoch seconds>`.
+/// `ack <id> <epoch seconds>` or `fail <id> <epoch seconds>`. Each attempt is bounded like an
+/// application's request: a connection to a server whose pod vanished mid-statement would otherwise
+/// wait for TCP's retransmissions (minutes; seen once in CI as a writer silent after a failover),
+/// and the outage measured would be the client's.
 const WRITER_SCRIPT: &str = r#"
 export PGCONNECT_TIMEOUT=2
+DATABASE_URI="$DATABASE_URI&tcp_user_timeout=3000&keepalives_idle=1&keepalives_interval=1&keepalives_count=2"
 until psql "$DATABASE_URI" -X -q -c "create table if not exists acks (id bigint primary key, at double precision)"; do sleep 1; done
 echo ready
 i=0
 while :; do
   i=$((i + 1))
-  if psql "$DATABASE_URI" -X -q -v ON_ERROR_STOP=1 -c "insert into acks values ($i, $EPOCHREALTIME)" >/dev/null 2>&1; then
+  if busybox timeout -s KILL 10 psql "$DATABASE_URI" -X -q -v ON_ERROR_STOP=1 -c "insert into acks values ($i, $EPOCHREALTIME)" >/dev/null 2>&1; then
     echo "ack $i $EPOCHREALTIME"
   else
     echo "fail $i $EPOCHREALTIME"

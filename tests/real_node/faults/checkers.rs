@@ -21,6 +21,8 @@ const PINNED_WRITER: &str = "pinned-writer";
 /// autocommit has completed, and flushes after each statement). A standby refuses every insert.
 const PINNED_WRITER_SCRIPT: &str = r#"
 export PGCONNECT_TIMEOUT=2
+# A connection to a server whose pod vanished fails within seconds instead of TCP's minutes.
+TCP_TIMEOUTS="tcp_user_timeout=3000 keepalives_idle=1 keepalives_interval=1 keepalives_count=2"
 until psql -h "$DATABASE.$NAMESPACE.svc" -X -q -c "create table if not exists pinned (server text, at timestamptz)"; do sleep 1; done
 echo ready
 pin() {
@@ -29,7 +31,7 @@ pin() {
     while :; do
       echo "insert into pinned values ('$server', clock_timestamp()) returning 'commit', server, extract(epoch from at), ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int;"
       sleep 0.1
-    done | psql -h "$server.$DATABASE-headless.$NAMESPACE.svc" -X -q -A -t -F ' ' 2>/dev/null
+    done | psql "host=$server.$DATABASE-headless.$NAMESPACE.svc $TCP_TIMEOUTS" -X -q -A -t -F ' ' 2>/dev/null
     sleep 0.3
   done
 }

@@ -7,6 +7,7 @@
 //! cores, and a fault measured on a starved machine measures the machine.
 
 mod checkers;
+mod drain;
 pub mod host;
 mod network;
 mod operations;
@@ -73,16 +74,43 @@ impl Bed {
     /// Like [`Bed::start_with`], on PostgreSQL `version` (one of the node's other versions)
     /// instead of the default one.
     pub async fn start_on(fault: &str, instances: usize, store: Option<&str>, version: Option<&str>) -> Option<Bed> {
+        Bed::start_in(fault, instances, store, version, false).await
+    }
+
+    /// Like [`Bed::start`], with the instances on both real nodes (one per node: a required
+    /// anti-affinity) and the writers on the first one (`tests/cluster/second-node.sh`).
+    pub async fn start_across_nodes(fault: &str, instances: usize) -> Option<Bed> {
+        Bed::start_in(fault, instances, None, None, true).await
+    }
+
+    async fn start_in(
+        fault: &str,
+        instances: usize,
+        store: Option<&str>,
+        version: Option<&str>,
+        across_nodes: bool,
+    ) -> Option<Bed> {
         let node = real_node_or_skip(fault)?;
         let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
         install_chart(node);
         let client = admin_client().await;
-        let namespace = real_namespace(&client, "fault").await;
+        let namespace = if across_nodes {
+            drain::two_node_namespace(&client, "fault").await
+        } else {
+            real_namespace(&client, "fault").await
+        };
         let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
         let replicas = i32::try_from(instances).expect("a few instances");
         let mut database = real_database(node, DATABASE, replicas, "Delete");
         if let Some(version) = version {
             database.spec.version = version.to_string();
+        }
+        if across_nodes {
+            database.spec.placement = serde_json::from_value(serde_json::json!({
+                "enablePodAntiAffinity": "required",
+                "tolerations": [{"key": drain::SECOND_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            }))
+            .expect("a placement");
         }
         if let Some(endpoint) = store {
             crate::support::create_store_secret(&client, &namespace.name).await;

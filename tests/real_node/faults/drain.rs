@@ -1,0 +1,100 @@
+//! A drain of the primary's node (issue 21), on two real nodes (`tests/cluster/second-node.sh`):
+//! `kubectl drain` cordons the node and evicts its pods; the primary's PodDisruptionBudget refuses
+//! the primary's eviction, the operator sees the cordon and switches over to the standby on the
+//! other node, and only then is the former primary (a standby now) evicted. Its volume lives on the
+//! drained node, so it waits Pending until the node is uncordoned and then streams again.
+
+use super::Bed;
+use crate::failover::{epoch_now, DATABASE, SETTLE_TIMEOUT};
+use crate::support::{admin_kubeconfig, eventually, repository, tool, TestNamespace};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::Api;
+use std::process::Command;
+use std::time::Duration;
+
+/// The second real node's name (second-node.sh).
+pub const SECOND_NODE: &str = "real-1";
+/// The taint only the pods that may run on the second node tolerate.
+pub const SECOND_NODE_TAINT: &str = "dbservice.dev/second-node";
+
+/// A namespace whose pods run on a real node: the first one, or the second for a pod that
+/// tolerates [`SECOND_NODE_TAINT`].
+pub async fn two_node_namespace(client: &kube::Client, prefix: &str) -> TestNamespace {
+    let namespace = TestNamespace::create(client, &format!("real-{prefix}")).await;
+    let status = Command::new(repository().join("tests/cluster/second-node.sh"))
+        .args(["namespace", &namespace.name])
+        .status()
+        .expect("second-node.sh runs");
+    assert!(status.success(), "second-node.sh namespace {} failed", namespace.name);
+    crate::diagnostics::on_panic_describe(&namespace.name);
+    namespace
+}
+
+async fn node_of(pods: &Api<Pod>, pod: &str) -> String {
+    let pod = pods.get(pod).await.unwrap();
+    pod.spec.and_then(|spec| spec.node_name).unwrap_or_default()
+}
+
+fn kubectl_output(arguments: &[&str]) -> std::process::Output {
+    Command::new(tool("kubectl"))
+        .args(arguments)
+        .env("KUBECONFIG", admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs")
+}
+
+#[tokio::test]
+async fn a_drain_of_the_primarys_node_switches_over_before_the_primary_is_evicted() {
+    let fault = "drain of the primary's node (kubectl drain, 2 instances on 2 nodes)";
+    let Some(bed) = Bed::start_across_nodes(fault, 2).await else { return };
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), bed.ns());
+    let nodes: Api<Node> = Api::all(bed.client.clone());
+    let mut primary = bed.primary().await;
+    let standby = bed.other_than(&primary);
+    let (primary_node, standby_node) = (node_of(&pods, &primary).await, node_of(&pods, &standby).await);
+    assert_ne!(primary_node, standby_node, "one instance per node");
+    // The second node runs nothing but this test's instance: drain that one, holding the primary.
+    if primary_node != SECOND_NODE {
+        bed.request_switchover(&standby).await;
+        primary = eventually("the primary on the second node", SETTLE_TIMEOUT, || async {
+            crate::failover::settled(&bed.client, bed.ns(), 2).await.filter(|now| *now == standby)
+        })
+        .await;
+    }
+    let standby = bed.other_than(&primary);
+
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    let drain = tokio::task::spawn_blocking(|| {
+        kubectl_output(&["drain", SECOND_NODE, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s"])
+    });
+    let drained = drain.await.unwrap();
+    let drain_output =
+        String::from_utf8_lossy(&drained.stdout).into_owned() + &String::from_utf8_lossy(&drained.stderr);
+    eprintln!("[fault] kubectl drain {SECOND_NODE}:\n{drain_output}");
+    assert!(drained.status.success(), "the drain completes once the primary has moved: {drain_output}");
+
+    // The primary moved to the other node before its pod was evicted: the switchover event, the
+    // status, and (in conclude) no commit lost and no two writable servers.
+    let status = bed.databases().get(DATABASE).await.unwrap().status.unwrap();
+    assert_eq!(status.failover.target_primary.as_deref(), Some(standby.as_str()), "the standby took over");
+    let events: Api<Event> = Api::namespaced(bed.client.clone(), bed.ns());
+    let reasons: Vec<String> =
+        events.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|event| event.reason).collect();
+    assert!(reasons.iter().any(|reason| reason == "DrainSwitchover"), "a DrainSwitchover event: {reasons:?}");
+    assert!(drain_output.contains(&format!("pod/{primary} evicted")), "the former primary was evicted: {drain_output}");
+
+    // Its volume is on the cordoned node: it waits there until the node is back.
+    let uncordon = Patch::Merge(serde_json::json!({"spec": {"unschedulable": false}}));
+    nodes.patch(SECOND_NODE, &PatchParams::default(), &uncordon).await.unwrap();
+    let outcome = bed.conclude(fault, failed_at, since).await;
+    assert_eq!(outcome.lost, 0, "a drain is a switchover: no acknowledged commit lost");
+    assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+    assert!(outcome.rto <= 30.0, "the drain's switchover took {:.1} s", outcome.rto);
+    let returned = eventually("the drained instance back on its node", Duration::from_secs(60), || async {
+        let node = node_of(&pods, &primary).await;
+        (node == SECOND_NODE).then_some(node)
+    })
+    .await;
+    assert_eq!(returned, SECOND_NODE);
+}
