@@ -33,6 +33,8 @@ pub enum Command {
     /// certificates, roles and the recent ledger (`kubectl dbservice status NAME` when installed
     /// as `kubectl-dbservice`).
     Status(LedgerArgs),
+    /// Pooler agent commands, run inside a pooler (PgBouncer) pod.
+    Pooler(crate::pooler::PoolerArgs),
     /// Instance agent commands, run inside a PostgreSQL pod.
     Instance(InstanceArgs),
     /// PostgreSQL's archive_command: `wal-archive %p %f` uploads one WAL file to the object store.
@@ -141,6 +143,10 @@ pub struct RunArgs {
     /// agent (the primary is fixed to pod 0) and no archiving.
     #[arg(long, env = "DBSERVICE_INSTANCE_IMAGE", default_value = "")]
     pub instance_image: String,
+    /// PgBouncer's image for `spec.pooler` when the DatabaseService names none: `pgbouncer` on its
+    /// PATH and `/bin/sh`.
+    #[arg(long, env = "DBSERVICE_POOLER_IMAGE", default_value = crate::api::pooler::DEFAULT_POOLER_IMAGE)]
+    pub pooler_image: String,
     /// Give each database's pods a NetworkPolicy: PostgreSQL's port open to the database's own
     /// pods and to the pods of its namespace that --database-client-selector selects, nothing else.
     #[arg(long, env = "DBSERVICE_DATABASE_NETWORK_POLICIES")]

@@ -10,7 +10,8 @@
 //! 4. [`store`]: the object-store engine (WAL archive, base backups, restore, catalogue, retention);
 //! 5. [`admission`]: the one validation function, defaulting, the HTTPS webhook server;
 //! 6. [`operator`]: the controllers (DatabaseService, backups), their caches, leader election;
-//! 7. [`instance`]: the agent that runs in every database pod beside PostgreSQL;
+//! 7. [`instance`]: the agent that runs in every database pod beside PostgreSQL; [`pooler`]: the
+//!    agent beside PgBouncer in every pooler pod;
 //! 8. the process: [`cli`], [`telemetry`], [`run`].
 
 pub mod admission;
@@ -24,6 +25,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod operator;
 pub mod passfile;
+pub mod pooler;
 pub mod postgres_tls;
 pub mod quantity;
 pub mod run;

@@ -65,6 +65,12 @@ async fn main() {
             telemetry::init(LogFormat::Text);
             dbservice_operator::instance::command(args).await
         }
+        Some(Command::Pooler(args)) => {
+            telemetry::init(LogFormat::Text);
+            match args.command {
+                dbservice_operator::pooler::PoolerCommand::Run(args) => dbservice_operator::pooler::run(args).await,
+            }
+        }
         Some(Command::InstallBinary(args)) => dbservice_operator::instance::run::install_binary(&args),
         Some(Command::WalArchive(args)) => {
             dbservice_operator::store::wal::archive_command(args).await.map_err(Into::into)

@@ -141,6 +141,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
             instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
             database_network_policy: args.database_network_policies.then(|| args.database_client_selector.clone()),
+            pooler_image: args.pooler_image.clone(),
         },
         failover_timers: Default::default(),
     });

@@ -43,6 +43,7 @@ fn declarations() -> Declarations {
             DatabaseSpec { name: "scratch".into(), ..Default::default() },
         ],
         application_user: SUPERUSER.into(),
+        pooled_databases: Vec::new(),
     }
 }
 
@@ -194,4 +195,63 @@ async fn the_primarys_agent_keeps_the_declarations_and_publishes_them_and_standb
         })
         .await;
     cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pooler_role_looks_up_login_roles_but_never_a_superuser_and_nobody_else_may() {
+    use dbservice_operator::api::pooler::{AUTH_PASSWORD_KEY, POOLER_ROLE};
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0"]).await;
+    let port = cluster.port("db-0");
+    let config = cluster.config("db-0");
+    let pooler = RoleSpec {
+        password_secret: Some(PasswordSecret { name: "orders-pooler".into(), key: Some(AUTH_PASSWORD_KEY.into()) }),
+        ..role(POOLER_ROLE)
+    };
+    let application = RoleSpec {
+        password_secret: Some(PasswordSecret { name: "application".into(), key: None }),
+        ..role("application")
+    };
+    let wanted = Declarations {
+        roles: vec![application, pooler],
+        databases: vec![],
+        application_user: SUPERUSER.into(),
+        pooled_databases: vec!["postgres".into()],
+    };
+    let secrets = SecretReader::fixed([
+        ("orders-pooler", AUTH_PASSWORD_KEY, "pooler-password"),
+        ("application", "password", "application-password"),
+    ]);
+    let status = keep_declared(&config, &wanted, &secrets).await;
+    assert!(all_as_declared(&status), "{status:?}");
+
+    let lookup = "SELECT coalesce(string_agg(usename || ':' || left(passwd, 14), ','), 'none') \
+        FROM dbservice_pooler.user_password($1)";
+    let pooler = login(port, POOLER_ROLE, "pooler-password", "postgres").await.expect("the pooler role logs in");
+    let found = |role: &'static str| {
+        let pooler = &pooler;
+        async move { pooler.query_one(lookup, &[&role]).await.unwrap().get::<_, String>(0) }
+    };
+    assert_eq!(found("application").await, "application:SCRAM-SHA-256$");
+    assert_eq!(found(SUPERUSER).await, "none", "never a superuser");
+    assert_eq!(found(POOLER_ROLE).await, "none", "not itself");
+    assert_eq!(found("replicator").await, "none");
+    let catalog = pooler.query_one("SELECT count(*) FROM pg_authid", &[]).await.expect_err("no catalog access");
+    assert!(catalog.to_string().contains("permission denied") || format!("{catalog:?}").contains("permission denied"));
+    let application = login(port, "application", "application-password", "postgres").await.unwrap();
+    let refused = application.query_one(lookup, &[&"application"]).await.expect_err("only the pooler role");
+    assert!(format!("{refused:?}").contains("permission denied"), "{refused:?}");
+
+    // Kept as made: a second pass writes nothing (the function's row is the same version).
+    let version = "SELECT p.xmin::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+        WHERE n.nspname = 'dbservice_pooler'";
+    let before = cluster.scalar(port, version).await;
+    let status = keep_declared(&config, &wanted, &secrets).await;
+    assert!(all_as_declared(&status), "{status:?}");
+    assert_eq!(cluster.scalar(port, version).await, before);
+    // Someone opened it to everyone: put back.
+    loopback::query(port, "GRANT EXECUTE ON FUNCTION dbservice_pooler.user_password(text) TO PUBLIC").await.unwrap();
+    keep_declared(&config, &wanted, &secrets).await;
+    let refused = application.query_one(lookup, &[&"application"]).await.expect_err("closed again");
+    assert!(format!("{refused:?}").contains("permission denied"), "{refused:?}");
 }

@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["store"],
     &["admission"],
     &["operator"],
-    &["instance"],
+    &["instance", "pooler"],
     &["cli", "telemetry", "run"],
 ];
 

@@ -29,30 +29,10 @@ static IDENTIFIER_REGEX: LazyLock<regex::Regex> =
 static DNS_LABEL_REGEX: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("label pattern compiles"));
 
-/// Longest `spec.image` accepted: a 255-character repository name, a 128-character tag and a
-/// sha512 digest fit.
-pub const MAX_IMAGE_LENGTH: usize = 512;
-/// Longest repository name, registry included (distribution/reference NameTotalLengthMax).
-pub const MAX_IMAGE_NAME_LENGTH: usize = 255;
+pub use crate::admission::image_reference::{MAX_IMAGE_LENGTH, MAX_IMAGE_NAME_LENGTH};
 /// Longest DNS subdomain (RFC 1123), the limit of a StorageClass name.
 pub const MAX_DNS_SUBDOMAIN_LENGTH: usize = 253;
 
-/// The OCI / distribution reference grammar (github.com/distribution/reference, regexp.go),
-/// anchored: capture 1 is the name, 2 the tag, 3 the digest. The repository path is lowercase;
-/// only the registry host may have uppercase letters.
-const IMAGE_PATTERN: &str = concat!(
-    // name: optional registry host (domain or [IPv6]) with optional port, then the path
-    r"^((?:(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*",
-    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?",
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)",
-    // tag
-    r"(?::([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?",
-    // digest
-    r"(@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$",
-);
-
-static IMAGE_REGEX: LazyLock<regex::Regex> =
-    LazyLock::new(|| regex::Regex::new(IMAGE_PATTERN).expect("image pattern compiles"));
 static DNS_SUBDOMAIN_REGEX: LazyLock<regex::Regex> = LazyLock::new(|| {
     regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
         .expect("subdomain pattern compiles")
@@ -151,6 +131,10 @@ pub fn validate(
     crate::admission::roles_validation::validate_declarations(spec, major, &mut outcome.errors);
     if let Some(monitoring) = &spec.monitoring {
         crate::admission::monitoring_validation::validate_monitoring(monitoring, &mut outcome.errors);
+    }
+    if let Some(pooler) = &spec.pooler {
+        let name = object.metadata.name.as_deref().unwrap_or_default();
+        crate::admission::pooler_validation::validate_pooler(name, pooler, &mut outcome.errors);
     }
     if let Some(initdb) = spec.initdb() {
         let recovering = spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
@@ -304,41 +288,7 @@ pub fn image_tag(image: &str) -> Option<&str> {
 }
 
 fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
-    if image.len() > MAX_IMAGE_LENGTH {
-        errors.push(FieldError::invalid(
-            "spec.image",
-            shown(image),
-            format!("must be at most {MAX_IMAGE_LENGTH} characters"),
-        ));
-        return;
-    }
-    let Some(captures) = IMAGE_REGEX.captures(image) else {
-        errors.push(FieldError::invalid(
-            "spec.image",
-            shown(image),
-            "must be an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lowercase letters, digits and separators (. _ __ -), the tag at most 128 word characters, '.' or '-'",
-        ));
-        return;
-    };
-    let name = captures.get(1).map_or("", |name| name.as_str());
-    if name.len() > MAX_IMAGE_NAME_LENGTH {
-        errors.push(FieldError::invalid(
-            "spec.image",
-            shown(image),
-            format!("repository name must be at most {MAX_IMAGE_NAME_LENGTH} characters"),
-        ));
-        return;
-    }
-    // A digest pins the image whatever the tag says.
-    let has_digest = captures.get(3).is_some();
-    let tag = captures.get(2).map(|tag| tag.as_str());
-    if !has_digest && matches!(tag, None | Some("latest")) {
-        errors.push(FieldError::invalid(
-            "spec.image",
-            image,
-            "must name an explicit tag or digest other than \"latest\", so that every instance runs the same version",
-        ));
-    }
+    crate::admission::image_reference::validate_image_at("spec.image", image, errors);
 }
 
 fn validate_storage_class(name: &str, errors: &mut Vec<FieldError>) {

@@ -112,6 +112,10 @@ pub struct DatabaseServiceSpec {
     /// priority class, and the PodDisruptionBudgets.
     #[serde(flatten)]
     pub placement: crate::api::placement::PlacementSpec,
+    /// PgBouncer in front of the database: Services NAME-pooler (read-write) and
+    /// NAME-pooler-replicas (read-only), paused around switchovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<crate::api::pooler::PoolerSpec>,
 }
 
 /// spec.tls: where the server certificate comes from.
@@ -246,6 +250,9 @@ pub struct DatabaseServiceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub archive_server_name: Option<String>,
+    /// The pooler's pods (with `spec.pooler`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler: Option<crate::api::pooler::PoolerStatus>,
 }
 
 fn is_zero(value: &i32) -> bool {
@@ -306,6 +313,7 @@ impl DatabaseServiceSpec {
             roles: self.roles.clone(),
             databases: self.databases.clone(),
             application_user: self.username.clone(),
+            pooled_databases: Vec::new(),
         }
     }
 

@@ -78,6 +78,15 @@ impl ChildNames {
     pub fn instance_account(name: &str) -> String {
         format!("{name}-instance")
     }
+    /// The pooler's Deployment, read-write Service, ConfigMap, Secret, ServiceAccount and
+    /// PodDisruptionBudget.
+    pub fn pooler(name: &str) -> String {
+        format!("{name}-pooler")
+    }
+    /// The pooler's read-only Service.
+    pub fn pooler_replicas_service(name: &str) -> String {
+        format!("{name}-pooler-replicas")
+    }
     /// Data PVC of instance `ordinal`.
     pub fn claim(name: &str, ordinal: i32) -> String {
         format!("{DATA_VOLUME}-{name}-{ordinal}")

@@ -183,6 +183,9 @@ pub struct Declarations {
     pub databases: Vec<DatabaseSpec>,
     /// `spec.username`.
     pub application_user: String,
+    /// With `spec.pooler`: the databases whose clients the pooler authenticates, each of which
+    /// gets the `auth_query` function (see `crate::api::pooler`).
+    pub pooled_databases: Vec<String>,
 }
 
 impl Declarations {
@@ -193,8 +196,9 @@ impl Declarations {
 
     /// A short fingerprint (FNV-1a of the declarations' JSON), to tell one set from the next.
     pub fn fingerprint(&self) -> String {
-        let text = serde_json::to_string(&(&self.roles, &self.databases, &self.application_user))
-            .expect("declarations serialize");
+        let text =
+            serde_json::to_string(&(&self.roles, &self.databases, &self.application_user, &self.pooled_databases))
+                .expect("declarations serialize");
         format!("{:016x}", crate::api::postgresql::fnv1a(text.as_bytes()))
     }
 
@@ -232,7 +236,12 @@ mod tests {
             RoleSpec { name: "c".into(), ..Default::default() },
         ];
         assert_eq!(Declarations::password_secrets(&roles), vec!["s".to_string()]);
-        let first = Declarations { roles: roles.clone(), databases: vec![], application_user: "app".into() };
+        let first = Declarations {
+            roles: roles.clone(),
+            databases: vec![],
+            application_user: "app".into(),
+            ..Default::default()
+        };
         let mut second = first.clone();
         assert_eq!(first.fingerprint(), second.fingerprint());
         second.roles[2].login = Some(false);

@@ -191,7 +191,7 @@ impl ControlPlane for KubeControlPlane {
             parameters: database.spec.parameters(),
             hba_rules: database.spec.hba_rules().to_vec(),
         });
-        desired.declarations = Some(database.spec.declarations());
+        desired.declarations = Some(crate::api::declarations::declarations(&database));
         // Once the status says Completed the import is history: a later primary never runs it.
         let imported = database
             .status

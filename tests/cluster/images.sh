@@ -29,6 +29,9 @@ RUST_VERSION="$(rustc --version 2>/dev/null | awk '{print $2}')"
 BUILDER_BASE="localhost/dbservice-rust-builder:${RUST_VERSION:-1}-bookworm"
 RUNTIME_BASE="localhost/dbservice-runtime-base:nonroot"
 BUSYBOX_IMAGE="localhost/busybox:test"
+# PgBouncer of the host's Debian package, for spec.pooler (pgbouncer_image).
+PGBOUNCER_VERSION="$({ /usr/sbin/pgbouncer --version 2>/dev/null || true; } | sed -n 's/^PgBouncer \([0-9.]*\).*/\1/p')"
+PGBOUNCER_IMAGE="localhost/pgbouncer:${PGBOUNCER_VERSION:-unknown}"
 # The operator image's tag is the hash of everything the Dockerfile copies: a changed source is a new tag,
 # so `helm upgrade` rolls the Deployment, and an unchanged tree is not rebuilt.
 operator_tag() {
@@ -79,6 +82,32 @@ busybox_image() {
   save "$BUSYBOX_IMAGE" "$archive"
   rm -rf "$context"
   log "built $BUSYBOX_IMAGE ($(du -h "$archive" | cut -f1))"
+}
+
+# PgBouncer from the host's Debian package (pgbouncer), for spec.pooler: the binary and its libraries,
+# busybox's sh, sleep, mkdir and kill (the pooler pod's start and preStop commands), no user of its own
+# (the pod runs it as 65532). Production uses the operator's --pooler-image.
+pgbouncer_image() {
+  [ -n "$PGBOUNCER_VERSION" ] || die "PgBouncer is not installed on this machine (apt-get install pgbouncer)"
+  local archive context root command
+  archive="$IMAGE_CACHE/pgbouncer-$PGBOUNCER_VERSION-$(recipe_hash).tar"
+  [ -s "$archive" ] && return 0
+  rm -f "$IMAGE_CACHE"/pgbouncer-*.tar
+  context="$(mktemp -d)"
+  root="$context/rootfs"
+  mkdir -p "$root"/{bin,etc,tmp,lib64,usr/bin} && chmod 1777 "$root/tmp"
+  copy_with_libraries "$root" /usr/sbin/pgbouncer
+  ln -s /usr/sbin/pgbouncer "$root/usr/bin/pgbouncer"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+  cp /bin/busybox "$root/bin/busybox"
+  for command in sh sleep mkdir kill cat ls; do ln -s busybox "$root/bin/$command"; done
+  printf 'root:x:0:0:root:/:/bin/sh\nnonroot:x:65532:65532:nonroot:/:/bin/sh\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
+  printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/bin:/bin\nUSER 65532:65532\nCMD ["pgbouncer", "--version"]\n' >"$context/Containerfile"
+  buildah bud -q --layers=false -f "$context/Containerfile" -t "$PGBOUNCER_IMAGE" "$context" >/dev/null
+  save "$PGBOUNCER_IMAGE" "$archive"
+  rm -rf "$context"
+  log "built $PGBOUNCER_IMAGE ($(du -h "$archive" | cut -f1))"
 }
 
 pause_image() {
@@ -306,7 +335,7 @@ check_operator_image() {
 mkdir -p "$IMAGE_CACHE"
 case "${1:-}" in
   node)
-    pause_image; postgres_image; busybox_image
+    pause_image; postgres_image; busybox_image; pgbouncer_image
     # shellcheck disable=SC2086 # a list of words
     for wheel_version in $POSTGRES_WHEEL_VERSIONS; do wheel_postgres_image "$wheel_version"; done
     ;;

@@ -105,7 +105,7 @@ wait_until() {
 install_packages() {
   local command missing=()
   declare -A needed=([containerd]=containerd [runc]=runc [iptables]=iptables [conntrack]=conntrack
-    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap)
+    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [/usr/sbin/pgbouncer]=pgbouncer)
   for command in "${!needed[@]}"; do command -v "$command" >/dev/null || missing+=("${needed[$command]}"); done
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   [ -x /bin/busybox ] || missing+=(busybox-static)
@@ -254,7 +254,7 @@ EOF
 import_images() {
   local archive
   for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/postgres-*.tar "$IMAGE_CACHE"/pgwheel-*.tar \
-    "$IMAGE_CACHE"/busybox-*.tar; do
+    "$IMAGE_CACHE"/busybox-*.tar "$IMAGE_CACHE"/pgbouncer-*.tar; do
     ctr_ images import "$archive" >/dev/null
   done
   if [ -s "$IMAGE_CACHE/operator.tar" ]; then ctr_ images import "$IMAGE_CACHE/operator.tar" >/dev/null; fi
@@ -430,6 +430,7 @@ REAL_NODE_POSTGRES_IMAGE=$POSTGRES_IMAGE
 # The other majors' versions (images docker.io/library/postgres:<version>), from the PyPI wheels.
 REAL_NODE_POSTGRES_OTHER_VERSIONS="$other_versions"
 REAL_NODE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
+REAL_NODE_PGBOUNCER_IMAGE=$PGBOUNCER_IMAGE
 REAL_NODE_ADDRESS=$(node_ip)
 EOF
 }
@@ -447,6 +448,33 @@ namespace() {
 # state - bridge, routes, iptables - must not be touched from here).
 other_owner() { [ -s "$OWNER_FILE" ] && [ "$(cat "$OWNER_FILE")" != "$CLUSTER_DIR" ] && [ -z "${STALE_ROOT:-}" ]; }
 
+# delete_node_pods: the pods of $NODE deleted through the apiserver while its kubelet runs (it stops
+# their containers and tears down their network), up to 60 s.
+delete_node_pods() {
+  pid_of kubelet >/dev/null || return 0
+  kubectl cordon "$NODE" >/dev/null 2>&1 || true
+  kubectl delete pods -A --field-selector "spec.nodeName=$NODE" --grace-period=2 --wait=false >/dev/null 2>&1 || true
+  local deadline=$((SECONDS + 60))
+  while [ -n "$(kubectl get pods -A --field-selector "spec.nodeName=$NODE" -o name 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
+    sleep 1
+  done
+}
+
+# stop_runtime: every container of this node's containerd killed and removed, containerd stopped, and
+# any shim left of it killed.
+stop_runtime() {
+  local id pid
+  if pid_of containerd >/dev/null; then
+    for id in $(ctr_ tasks ls -q 2>/dev/null || true); do ctr_ tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
+    for id in $(ctr_ containers ls -q 2>/dev/null || true); do
+      ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true
+      ctr_ containers delete "$id" >/dev/null 2>&1 || true
+    done
+  fi
+  stop containerd
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCKET" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
 down() {
   local pid mount rule table chain tool id
   if other_owner; then
@@ -457,30 +485,14 @@ down() {
   # The second node first: it shares this node's iptables rules and CoreDNS.
   if [ -z "${STALE_ROOT:-}" ]; then "$here/second-node.sh" down; fi
   if [ -s "$CLUSTER_DIR/kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
-    if pid_of kubelet >/dev/null; then
-      # Pods first, while the kubelet runs: it stops their containers and tears down their network.
-      kubectl cordon "$NODE" >/dev/null 2>&1 || true
-      kubectl delete pods -A --field-selector "spec.nodeName=$NODE" --grace-period=2 --wait=false >/dev/null 2>&1 || true
-      local deadline=$((SECONDS + 60))
-      while [ -n "$(kubectl get pods -A --field-selector "spec.nodeName=$NODE" -o name 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
-        sleep 1
-      done
-    fi
+    delete_node_pods
     kubectl delete node "$NODE" --ignore-not-found >/dev/null 2>&1 || true
     kubectl -n default delete endpointslice kubernetes-real-node --ignore-not-found >/dev/null 2>&1 || true
     kubectl delete storageclass "$STORAGE_CLASS" --ignore-not-found >/dev/null 2>&1 || true
     kubectl delete -f "$here/manifests/real-node-rbac.yaml" --ignore-not-found >/dev/null 2>&1 || true
   fi
   stop provisioner; stop apiserver-relay; stop coredns; stop kube-proxy; stop kubelet
-  if pid_of containerd >/dev/null; then
-    for id in $(ctr_ tasks ls -q 2>/dev/null || true); do ctr_ tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
-    for id in $(ctr_ containers ls -q 2>/dev/null || true); do
-      ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true
-      ctr_ containers delete "$id" >/dev/null 2>&1 || true
-    done
-  fi
-  stop containerd
-  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCKET" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  stop_runtime
   # Mounts left under our directories (overlay rootfs, shm, volumes), deepest first.
   awk '{print $2}' /proc/mounts | grep -E "^($RN/|$CONTAINERD_STATE/|/run/containerd/|/run/netns/cni-${STALE_ROOT:+|$STALE_ROOT})" | sort -r |
     while read -r mount; do umount -l "$mount" 2>/dev/null || true; done || true

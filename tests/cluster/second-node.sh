@@ -105,28 +105,13 @@ second_up() {
 pid_of_first() { PIDS="$FIRST_NODE_PIDS" PROCESS_MARK="$CLUSTER_DIR/real-node" pid_of "$1"; }
 
 second_down() {
-  local id mount
+  local mount
   if [ -s "$CLUSTER_DIR/kubeconfig" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
-    if pid_of kubelet >/dev/null; then
-      kubectl cordon "$NODE" >/dev/null 2>&1 || true
-      kubectl delete pods -A --field-selector "spec.nodeName=$NODE" --grace-period=2 --wait=false >/dev/null 2>&1 || true
-      local deadline=$((SECONDS + 60))
-      while [ -n "$(kubectl get pods -A --field-selector "spec.nodeName=$NODE" -o name 2>/dev/null)" ] && [ "$SECONDS" -lt "$deadline" ]; do
-        sleep 1
-      done
-    fi
+    delete_node_pods
     kubectl delete node "$NODE" --ignore-not-found >/dev/null 2>&1 || true
   fi
   stop provisioner; stop kubelet
-  if pid_of containerd >/dev/null; then
-    for id in $(ctr_ tasks ls -q 2>/dev/null || true); do ctr_ tasks kill -s KILL "$id" >/dev/null 2>&1 || true; done
-    for id in $(ctr_ containers ls -q 2>/dev/null || true); do
-      ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true
-      ctr_ containers delete "$id" >/dev/null 2>&1 || true
-    done
-  fi
-  stop containerd
-  for id in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCKET" || true); do kill -KILL "$id" 2>/dev/null || true; done
+  stop_runtime
   awk '{print $2}' /proc/mounts | grep -E "^($RN/|$CONTAINERD_STATE/)" | sort -r |
     while read -r mount; do umount -l "$mount" 2>/dev/null || true; done || true
   ip link del "$BRIDGE" 2>/dev/null || true

@@ -28,6 +28,8 @@ pub struct RealNode {
     pub operator_image: String,
     /// A busybox image for the node's own checks.
     pub busybox_image: String,
+    /// PgBouncer from the host's Debian package (spec.pooler.image).
+    pub pgbouncer_image: String,
     /// The node's InternalIP (where the kubelet API listens).
     pub address: String,
 }
@@ -71,6 +73,7 @@ fn read_real_node() -> Option<RealNode> {
         storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
         operator_image,
         busybox_image: values.get("REAL_NODE_BUSYBOX_IMAGE")?.to_string(),
+        pgbouncer_image: values.get("REAL_NODE_PGBOUNCER_IMAGE")?.to_string(),
         address: values.get("REAL_NODE_ADDRESS")?.to_string(),
     })
 }

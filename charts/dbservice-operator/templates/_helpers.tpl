@@ -275,6 +275,22 @@ operator pods, which read children with GET, still run under the new rules.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
+# The pooler (spec.pooler): Deployment NAME-pooler (server-side apply when it differs from the
+# built one, read once per pass), its ConfigMap, Secret, Services, ServiceAccount, Role, RoleBinding
+# and PodDisruptionBudget; all deleted when spec.pooler is removed. Pods are listed to ask the
+# ready pooler pods to pause before a switchover.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts"]
+  verbs: ["delete"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["delete"]
 # DatabaseServiceBackups: watched; created by the scheduler at the cron times; deleted beyond
 # the history limits (their Jobs go with them; the backups in the object store stay).
 - apiGroups: ["dbservice.dev"]

@@ -177,6 +177,12 @@ async fn keep_all(
         roles.record(&role.name, execute(&client, &plan::membership_statements(role, member_of)).await);
     }
     keep_databases(config, &client, declarations, databases).await?;
+    for database in &declarations.pooled_databases {
+        let outcome = keep_auth_function(config, database)
+            .await
+            .map_err(|error| format!("the pooler's auth_query function in database {database:?}: {error}"));
+        roles.record(crate::api::pooler::POOLER_ROLE, outcome);
+    }
     for role in declarations.roles.iter().filter(|role| !role.present() && observed.contains_key(&role.name)) {
         roles.record(&role.name, remove_role(config, &client, &role.name, &declarations.application_user).await);
     }
@@ -234,6 +240,26 @@ async fn keep_extensions(config: &InstanceConfig, database: &crate::api::roles::
         .await?,
     );
     let statements = plan::extension_statements(database, &installed, &available)?;
+    execute(&inside, &statements).await
+}
+
+/// Makes the pooler's `auth_query` function in `database` unless it is there as made (SECURITY
+/// DEFINER, executable by the pooler's role): no catalog write in a steady pass.
+async fn keep_auth_function(config: &InstanceConfig, database: &str) -> Result<(), String> {
+    use crate::api::pooler::{auth_function_statements, POOLER_ROLE, POOLER_SCHEMA};
+    let inside = connect(config, &config.superuser, database).await.map_err(|error| error.to_string())?;
+    let sql = format!(
+        "SELECT p.prosecdef AND has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
+         AND NOT has_function_privilege('public', p.oid, 'EXECUTE') \
+         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = '{POOLER_SCHEMA}' AND p.proname = 'user_password'"
+    );
+    let rows = query(&inside, "reading the pooler's function", &sql, &[]).await?;
+    if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+        return Ok(());
+    }
+    let statements: Vec<plan::Statement> =
+        auth_function_statements().into_iter().map(|sql| plan::Statement { sql, secret: false }).collect();
     execute(&inside, &statements).await
 }
 

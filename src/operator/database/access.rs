@@ -47,7 +47,8 @@ fn rule(group: &str, resource: &str, names: Vec<String>, verbs: &[&str]) -> Poli
 /// `get` on the password Secrets `spec.roles` names (the primary's agent sets them as the roles'
 /// passwords); admission checked that the author may read them.
 fn password_secrets_rule(database: &DatabaseService) -> Option<PolicyRule> {
-    let mut names = crate::api::roles::Declarations::password_secrets(&database.spec.roles);
+    let mut names =
+        crate::api::roles::Declarations::password_secrets(&crate::api::declarations::declarations(database).roles);
     // The import source's password (spec.bootstrap.import), read by the first primary's agent.
     let import = database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.as_ref());
     if let Some(import) = import {

@@ -22,6 +22,7 @@ pub mod major_upgrade;
 pub mod observe;
 pub mod pod_health;
 pub mod pod_replacement;
+pub mod pooler;
 mod reconcile;
 pub mod recovery;
 pub mod settings;

@@ -76,6 +76,21 @@ fn record_archiving(database: &DatabaseService, health: &ArchivingHealth, contex
     }
 }
 
+/// The target of a switchover this pass starts (its transition is not in the stored status yet).
+fn switchover_starting(
+    database: &DatabaseService,
+    status: &crate::api::database_service::DatabaseServiceStatus,
+) -> Option<String> {
+    use crate::api::failover::TransitionKind;
+    let transition =
+        status.failover.transition.as_ref().filter(|transition| transition.kind == TransitionKind::Switchover)?;
+    let stored = database.status.as_ref().and_then(|status| status.failover.transition.as_ref());
+    if stored.is_some_and(|stored| stored.started_at == transition.started_at) {
+        return None;
+    }
+    status.failover.target_primary.clone()
+}
+
 /// Reconciles a DatabaseService that is not being deleted.
 pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
     if !caches_ready(context).await {
@@ -143,11 +158,50 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
     }
+    // Before the switchover is published: the old primary stops only once the pools are paused.
+    if let Some(target) = switchover_starting(database, &decision.status) {
+        if database.spec.pooler.is_some() {
+            let outcome = crate::operator::database::pooler::pause_for_switchover(database, &target, context).await;
+            let (warning, reason, note) = match outcome.failures.is_empty() {
+                true => (
+                    false,
+                    "PoolerPaused",
+                    format!("{} pooler pods paused for the switchover to {target}", outcome.paused),
+                ),
+                false => (
+                    true,
+                    "PoolerPauseFailed",
+                    format!(
+                        "{} pooler pods paused for the switchover to {target}; not paused: {}",
+                        outcome.paused,
+                        outcome.failures.join("; ")
+                    ),
+                ),
+            };
+            decision.journal.record(warning, reason, note, None);
+        }
+    }
+    decision.status.pooler =
+        crate::operator::database::pooler::keep_pooler(database, context).await.map_err(ReconcileError::Apply)?;
     publish(database, &decision.status, &decision.journal, observed.ledger.is_some(), context)
         .await
         .map_err(ReconcileError::Publish)?;
     if decision.workload.as_ref().is_some_and(|workload| workload.clear_switchover_request) {
         clear_switchover_request(database, context).await.map_err(ReconcileError::Publish)?;
     }
-    Ok(decision.requeue.map_or_else(Action::await_change, Action::requeue))
+    // The pooler's Deployment is not watched: its pods becoming ready, or the Deployment edited
+    // by hand, is seen by looking again.
+    let requeue = match &decision.status.pooler {
+        Some(pooler) => {
+            let again = if pooler.ready_instances < pooler.instances { POOLER_STARTING } else { POOLER_RECHECK };
+            Some(decision.requeue.map_or(again, |requeue| requeue.min(again)))
+        }
+        None => decision.requeue,
+    };
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
+
+/// How soon a pass looks at a pooler whose pods are not all ready yet.
+const POOLER_STARTING: Duration = Duration::from_secs(5);
+/// How soon a pass looks at a ready pooler again (its Deployment is not watched).
+const POOLER_RECHECK: Duration = Duration::from_secs(60);

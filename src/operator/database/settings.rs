@@ -29,6 +29,8 @@ pub struct ControllerSettings {
     /// A NetworkPolicy for each database's pods, letting in the pods this selects (empty: every
     /// pod of the namespace) and the database's own; None: no NetworkPolicy.
     pub database_network_policy: Option<std::collections::BTreeMap<String, String>>,
+    /// PgBouncer's image when `spec.pooler.image` is unset.
+    pub pooler_image: String,
 }
 
 impl Default for ControllerSettings {
@@ -46,6 +48,7 @@ impl Default for ControllerSettings {
             selector: None,
             instance_image: None,
             database_network_policy: None,
+            pooler_image: crate::api::pooler::DEFAULT_POOLER_IMAGE.into(),
         }
     }
 }

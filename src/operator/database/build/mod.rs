@@ -15,6 +15,7 @@ pub mod environment;
 pub mod major_upgrade;
 pub mod network_policy;
 pub mod placement;
+pub mod pooler;
 pub mod probes;
 pub mod recovery;
 pub mod security;

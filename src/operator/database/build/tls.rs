@@ -19,13 +19,19 @@ pub const NOT_AFTER_ANNOTATION: &str = "dbservice.dev/certificate-not-after";
 /// Annotation of the server certificate Secret: the names it covers, comma-separated.
 pub const NAMES_ANNOTATION: &str = "dbservice.dev/certificate-names";
 
-/// The DNS names the server certificate covers: the primary and standby Services and every
-/// instance through the headless Service, short and fully qualified (clients resolve any).
+/// The DNS names the server certificate covers: the primary and standby Services (and the
+/// pooler's, with `spec.pooler`) and every instance through the headless Service, short and fully
+/// qualified (clients resolve any).
 pub fn server_names(database: &DatabaseService, cluster_domain: &str) -> Vec<String> {
     let name = database.name_any();
     let namespace = database.namespace().unwrap_or_default();
     let mut names = Vec::new();
-    for service in [name.clone(), ChildNames::replicas_service(&name)] {
+    let mut services = vec![name.clone(), ChildNames::replicas_service(&name)];
+    // The pooler serves the same certificate to its clients.
+    if database.spec.pooler.is_some() {
+        services.extend([ChildNames::pooler(&name), ChildNames::pooler_replicas_service(&name)]);
+    }
+    for service in services {
         names.push(service.clone());
         names.push(format!("{service}.{namespace}"));
         names.push(format!("{service}.{namespace}.svc"));

@@ -1,0 +1,264 @@
+//! `spec.pooler` (issue 25): PgBouncer in front of the database, a field of the DatabaseService
+//! rather than a resource of its own. The pooler lives and dies with its database, is validated by
+//! the same function, and its pause around a switchover is decided by the same pass that decides
+//! the switchover: a separate resource would need a second controller to agree with the first on
+//! when the primary moves.
+//!
+//! Each pooler pod runs two PgBouncers, read-write ([`READ_WRITE_PORT`], to the primary) and
+//! read-only ([`READ_ONLY_PORT`], to the standbys' Service), and the pooler agent (`dbservice-operator
+//! pooler run`) beside them: it points the read-write PgBouncer at the current primary, pauses and
+//! resumes it around a switchover when the operator asks, and exports the pools' metrics.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The default of the operator's `--pooler-image`.
+pub const DEFAULT_POOLER_IMAGE: &str = "ghcr.io/cloudnative-pg/pgbouncer:1.24.1";
+/// The role PgBouncer's `auth_query` runs as: it may log in and run one function, nothing else.
+pub const POOLER_ROLE: &str = "dbservice_pooler";
+/// PgBouncer's own administrator (its admin console only; not a PostgreSQL role).
+pub const POOLER_ADMIN: &str = "dbservice_pooler_admin";
+/// The schema of the authentication function, in every pooled database.
+pub const POOLER_SCHEMA: &str = "dbservice_pooler";
+/// `auth_query`: a SECURITY DEFINER function that returns the verifier of a role that may log in
+/// and is neither a superuser nor a replication role (the pooler never logs those in).
+pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM dbservice_pooler.user_password($1)";
+/// Port of the read-write PgBouncer in the pod.
+pub const READ_WRITE_PORT: i32 = 6432;
+/// Port of the read-only PgBouncer in the pod.
+pub const READ_ONLY_PORT: i32 = 6433;
+/// Port of the pooler agent's HTTP server: /metrics, /healthz, and the operator's /pause and
+/// /resume (those need the token of Secret NAME-pooler).
+pub const POOLER_AGENT_PORT: i32 = 9127;
+/// Where the pooler agent writes PgBouncer's configuration and PgBouncer puts its sockets.
+pub const RUN_DIRECTORY: &str = "/run/pgbouncer";
+/// Keys of Secret NAME-pooler.
+pub const AUTH_PASSWORD_KEY: &str = "auth-password";
+/// See [`AUTH_PASSWORD_KEY`].
+pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
+/// See [`AUTH_PASSWORD_KEY`]: the bearer token of the agent's /pause and /resume.
+pub const CONTROL_TOKEN_KEY: &str = "control-token";
+
+/// Default pooler pods.
+pub const DEFAULT_INSTANCES: i32 = 2;
+/// Most pooler pods.
+pub const MAX_INSTANCES: i32 = 16;
+/// Default server connections per user and database pair (`default_pool_size`).
+pub const DEFAULT_POOL_SIZE: u32 = 20;
+/// Largest `defaultPoolSize`.
+pub const MAX_POOL_SIZE: u32 = 1000;
+/// Default client connections per PgBouncer (`max_client_conn`).
+pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u32 = 1000;
+/// Largest `maxClientConnections` (each is a file descriptor of the pod).
+pub const MAX_CLIENT_CONNECTIONS: u32 = 50_000;
+/// Most `parameters`.
+pub const MAX_PARAMETERS: usize = 32;
+
+/// PgBouncer parameters `spec.pooler.parameters` may set (PgBouncer 1.18 and later), with the
+/// kind of value each takes. What is not listed is the operator's (listening, authentication,
+/// TLS, files) or `spec.pooler`'s own field.
+pub const ALLOWED_PARAMETERS: &[(&str, ParameterKind)] = &[
+    ("application_name_add_host", ParameterKind::Boolean),
+    ("autodb_idle_timeout", ParameterKind::Seconds),
+    ("client_idle_timeout", ParameterKind::Seconds),
+    ("client_login_timeout", ParameterKind::Seconds),
+    ("disable_pqexec", ParameterKind::Boolean),
+    ("idle_transaction_timeout", ParameterKind::Seconds),
+    ("log_connections", ParameterKind::Boolean),
+    ("log_disconnections", ParameterKind::Boolean),
+    ("log_pooler_errors", ParameterKind::Boolean),
+    ("log_stats", ParameterKind::Boolean),
+    ("max_db_connections", ParameterKind::Count),
+    ("max_user_connections", ParameterKind::Count),
+    ("min_pool_size", ParameterKind::Count),
+    ("pkt_buf", ParameterKind::Count),
+    ("query_timeout", ParameterKind::Seconds),
+    ("query_wait_timeout", ParameterKind::Seconds),
+    ("reserve_pool_size", ParameterKind::Count),
+    ("reserve_pool_timeout", ParameterKind::Seconds),
+    ("server_check_delay", ParameterKind::Seconds),
+    ("server_check_query", ParameterKind::Text),
+    ("server_connect_timeout", ParameterKind::Seconds),
+    ("server_fast_close", ParameterKind::Boolean),
+    ("server_idle_timeout", ParameterKind::Seconds),
+    ("server_lifetime", ParameterKind::Seconds),
+    ("server_login_retry", ParameterKind::Seconds),
+    ("server_reset_query", ParameterKind::Text),
+    ("server_reset_query_always", ParameterKind::Boolean),
+    ("server_round_robin", ParameterKind::Boolean),
+    ("stats_period", ParameterKind::Seconds),
+    ("tcp_keepalive", ParameterKind::Boolean),
+    ("tcp_keepidle", ParameterKind::Seconds),
+    ("verbose", ParameterKind::Count),
+];
+
+/// The value a PgBouncer parameter takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParameterKind {
+    /// 0 or 1.
+    Boolean,
+    /// A whole number of seconds, or a decimal one (`0.5`).
+    Seconds,
+    /// A whole number.
+    Count,
+    /// One line of text (a query).
+    Text,
+}
+
+/// When a server connection goes back to the pool.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// When the client disconnects (every feature of a session works).
+    Session,
+    /// After each transaction (the default: the most clients per server connection; session
+    /// state such as SET or advisory locks does not last beyond a transaction).
+    #[default]
+    Transaction,
+    /// After each statement (multi-statement transactions are refused).
+    Statement,
+}
+
+impl PoolMode {
+    /// PgBouncer's name of it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+            PoolMode::Statement => "statement",
+        }
+    }
+}
+
+/// `spec.pooler`: PgBouncer for the database (see the module documentation).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolerSpec {
+    /// Pooler pods (default 2), spread across nodes, at most one unavailable at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub instances: Option<i32>,
+    /// `transaction` (default), `session` or `statement`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_mode: Option<PoolMode>,
+    /// Server connections per user and database pair, per pod (default 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub default_pool_size: Option<u32>,
+    /// Client connections each PgBouncer accepts (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 50000))]
+    pub max_client_connections: Option<u32>,
+    /// A read-only pool to the standbys, Service NAME-pooler-ro (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// Other PgBouncer parameters (see the README for the ones allowed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// PgBouncer's image (default: the operator's `--pooler-image`). It must have `pgbouncer`
+    /// on its PATH and `/bin/sh`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Resources of each PgBouncer container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+}
+
+impl PoolerSpec {
+    /// `instances` or its default.
+    pub fn instances_or_default(&self) -> i32 {
+        self.instances.unwrap_or(DEFAULT_INSTANCES)
+    }
+
+    /// `poolMode` or its default.
+    pub fn pool_mode_or_default(&self) -> PoolMode {
+        self.pool_mode.unwrap_or_default()
+    }
+
+    /// `defaultPoolSize` or its default.
+    pub fn pool_size_or_default(&self) -> u32 {
+        self.default_pool_size.unwrap_or(DEFAULT_POOL_SIZE)
+    }
+
+    /// `maxClientConnections` or its default.
+    pub fn max_client_connections_or_default(&self) -> u32 {
+        self.max_client_connections.unwrap_or(DEFAULT_MAX_CLIENT_CONNECTIONS)
+    }
+
+    /// Whether the read-only pool runs.
+    pub fn read_only_enabled(&self) -> bool {
+        self.read_only.unwrap_or(true)
+    }
+}
+
+/// `status.pooler`: what runs of `spec.pooler`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolerStatus {
+    /// Pooler pods asked for.
+    pub instances: i32,
+    /// Pooler pods ready.
+    pub ready_instances: i32,
+}
+
+/// The kind of value `parameter` takes, None when `spec.pooler.parameters` may not set it.
+pub fn parameter_kind(parameter: &str) -> Option<ParameterKind> {
+    ALLOWED_PARAMETERS.iter().find(|(name, _)| *name == parameter).map(|(_, kind)| *kind)
+}
+
+/// SQL the primary's agent runs in every pooled database (as the superuser): the schema and the
+/// SECURITY DEFINER function of [`AUTH_QUERY`], executable by [`POOLER_ROLE`] alone.
+pub fn auth_function_statements() -> Vec<String> {
+    vec![
+        format!("CREATE SCHEMA IF NOT EXISTS {POOLER_SCHEMA}"),
+        format!("REVOKE ALL ON SCHEMA {POOLER_SCHEMA} FROM PUBLIC"),
+        format!(
+            "CREATE OR REPLACE FUNCTION {POOLER_SCHEMA}.user_password(role_name text, OUT usename name, OUT passwd text) \
+             RETURNS record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $function$ \
+             SELECT rolname, rolpassword::text FROM pg_catalog.pg_authid \
+             WHERE rolname = role_name AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
+             AND rolname <> '{POOLER_ROLE}' AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $function$"
+        ),
+        format!("REVOKE ALL ON FUNCTION {POOLER_SCHEMA}.user_password(text) FROM PUBLIC"),
+        format!("GRANT USAGE ON SCHEMA {POOLER_SCHEMA} TO {POOLER_ROLE}"),
+        format!("GRANT EXECUTE ON FUNCTION {POOLER_SCHEMA}.user_password(text) TO {POOLER_ROLE}"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_two_pods_in_transaction_mode_with_a_read_only_pool() {
+        let pooler = PoolerSpec::default();
+        assert_eq!(pooler.instances_or_default(), 2);
+        assert_eq!(pooler.pool_mode_or_default().as_str(), "transaction");
+        assert_eq!((pooler.pool_size_or_default(), pooler.max_client_connections_or_default()), (20, 1000));
+        assert!(pooler.read_only_enabled());
+        let parsed: PoolerSpec = serde_json::from_value(serde_json::json!({"poolMode": "session"})).unwrap();
+        assert_eq!(parsed.pool_mode, Some(PoolMode::Session));
+    }
+
+    #[test]
+    fn only_listed_parameters_have_a_kind() {
+        assert_eq!(parameter_kind("server_lifetime"), Some(ParameterKind::Seconds));
+        assert_eq!(parameter_kind("auth_type"), None);
+        assert_eq!(parameter_kind("listen_port"), None);
+        let mut names: Vec<&str> = ALLOWED_PARAMETERS.iter().map(|(name, _)| *name).collect();
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "listed once each");
+    }
+
+    #[test]
+    fn the_auth_function_never_returns_a_superuser_or_replication_role() {
+        let sql = auth_function_statements().join(";\n");
+        assert!(sql.contains("SECURITY DEFINER SET search_path = pg_catalog"));
+        assert!(sql.contains("NOT rolsuper AND NOT rolreplication"));
+        assert!(sql.contains("FROM PUBLIC"));
+        assert!(sql.contains(&format!("TO {POOLER_ROLE}")));
+    }
+}
