@@ -99,6 +99,8 @@ pgbouncer_image() {
   copy_with_libraries "$root" /usr/sbin/pgbouncer
   ln -s /usr/sbin/pgbouncer "$root/usr/bin/pgbouncer"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
+  # PgBouncer's TLS loads the system's CA bundle when a CA file is not set, as images ship one.
+  mkdir -p "$root/etc/ssl/certs" && cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
   cp /bin/busybox "$root/bin/busybox"
   for command in sh sleep mkdir kill cat ls; do ln -s busybox "$root/bin/$command"; done
   printf 'root:x:0:0:root:/:/bin/sh\nnonroot:x:65532:65532:nonroot:/:/bin/sh\n' >"$root/etc/passwd"

