@@ -360,6 +360,20 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
         figure(&roll_report, "number of failed"),
         session_log.iter().filter(|attempt| attempt.outcome.is_err()).count(),
     );
+    if aborted > 0 {
+        // Not yet understood (see the README): what the pods that replaced the old ones said.
+        let text = kubectl(&[
+            "-n",
+            ns,
+            "logs",
+            "-l",
+            "app.kubernetes.io/component=pooler",
+            "--all-containers",
+            "--prefix",
+            "--tail=30",
+        ]);
+        eprintln!("[pooler] the new pooler pods after a roll that aborted clients:\n{text}");
+    }
     // Whatever a roll costs a connected session, the application's next session commits again.
     eventually("the session writer committing after the roll", Duration::from_secs(60), || async {
         let log = attempts_of(ns, "session-writer");
