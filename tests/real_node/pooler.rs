@@ -362,16 +362,13 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     );
     if aborted > 0 {
         // Not yet understood (see the README): what the pods that replaced the old ones said.
-        let text = kubectl(&[
-            "-n",
-            ns,
-            "logs",
-            "-l",
-            "app.kubernetes.io/component=pooler",
-            "--all-containers",
-            "--prefix",
-            "--tail=30",
-        ]);
+        let output = std::process::Command::new(crate::support::tool("kubectl"))
+            .args(["-n", ns, "logs", "-l", "app.kubernetes.io/component=pooler", "--all-containers", "--prefix"])
+            .arg("--tail=30")
+            .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+            .output()
+            .expect("kubectl runs");
+        let text = String::from_utf8_lossy(&output.stdout);
         eprintln!("[pooler] the new pooler pods after a roll that aborted clients:\n{text}");
     }
     // Whatever a roll costs a connected session, the application's next session commits again.
