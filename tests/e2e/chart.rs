@@ -60,6 +60,9 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["create", "roles.rbac.authorization.k8s.io", "-n", "default"],
         &["create", "rolebindings.rbac.authorization.k8s.io", "-n", "default"],
         &["update", "leases.coordination.k8s.io/db-primary", "-n", "default"],
+        // The pooler (spec.pooler): its Deployment applied, and removed with spec.pooler.
+        &["patch", "deployments.apps", "-n", "default"],
+        &["delete", "deployments.apps", "-n", "default"],
     ];
     for arguments in allowed {
         assert!(

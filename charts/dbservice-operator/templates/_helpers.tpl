@@ -277,16 +277,15 @@ operator pods, which read children with GET, still run under the new rules.
   verbs: ["create", "patch"]
 # The pooler (spec.pooler): Deployment NAME-pooler (server-side apply when it differs from the
 # built one, read once per pass), its ConfigMap, Secret, Services, ServiceAccount, Role, RoleBinding
-# and PodDisruptionBudget; all deleted when spec.pooler is removed. Pods are listed to ask the
-# ready pooler pods to pause before a switchover.
+# and PodDisruptionBudget. Removing spec.pooler deletes the Deployment, Services, ConfigMap, Secret
+# and budget; the account and its Role (a read of the DatabaseService) stay until the DatabaseService
+# goes: the operator never deletes Roles. Pods are listed to ask the ready pooler pods to pause
+# before a switchover.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
-  verbs: ["delete"]
-- apiGroups: ["rbac.authorization.k8s.io"]
-  resources: ["roles", "rolebindings"]
+  resources: ["services"]
   verbs: ["delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -95,7 +95,10 @@ where
     }
 }
 
-/// Removes every child of the pooler (the Deployment first: its pods stop taking clients).
+/// Removes the pooler's children (the Deployment first: its pods stop taking clients). Its
+/// ServiceAccount, Role and RoleBinding stay until the DatabaseService goes (owner references):
+/// the operator holds no right to delete Roles, and they grant only a read of this
+/// DatabaseService.
 async fn remove_children(database: &DatabaseService, context: &PassContext) -> Result<(), kube::Error> {
     let namespace = database.namespace().unwrap_or_default();
     let name = ChildNames::pooler(&database.name_any());
@@ -109,9 +112,6 @@ async fn remove_children(database: &DatabaseService, context: &PassContext) -> R
         delete_named::<ConfigMap>(Api::namespaced(client.clone(), &namespace), &name, context),
         delete_named::<Secret>(Api::namespaced(client.clone(), &namespace), &name, context),
         delete_named::<PodDisruptionBudget>(Api::namespaced(client.clone(), &namespace), &name, context),
-        delete_named::<RoleBinding>(Api::namespaced(client.clone(), &namespace), &name, context),
-        delete_named::<Role>(Api::namespaced(client.clone(), &namespace), &name, context),
-        delete_named::<ServiceAccount>(Api::namespaced(client.clone(), &namespace), &name, context),
     )?;
     Ok(())
 }
