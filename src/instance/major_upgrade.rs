@@ -49,6 +49,21 @@ pub enum MajorUpgradeError {
     /// `pg_upgrade --check` refused the old cluster.
     #[error("pg_upgrade --check refused the upgrade: {0}")]
     Refused(String),
+    /// The data volume has no room for the new cluster.
+    #[error(
+        "not enough free space on the data volume for a {method} upgrade: it needs about {needed_megabytes} MiB, \
+         {free_megabytes} MiB are free; grow spec.storageSize{hint}"
+    )]
+    NoSpace {
+        /// `copy` or `link`.
+        method: &'static str,
+        /// What the new cluster needs.
+        needed_megabytes: u64,
+        /// What the volume has.
+        free_megabytes: u64,
+        /// Another way out, if any.
+        hint: &'static str,
+    },
     /// A directory could not be read, written or renamed.
     #[error("{what} {path}: {source}")]
     Files {
@@ -68,6 +83,55 @@ pub enum UpgradeMethod {
     Copy,
     /// Hard links: little space and time; no way back once the new server started.
     Link,
+}
+
+/// Room kept free beyond the new cluster's relation files: initdb's cluster (its catalogs and
+/// first WAL segments) and the WAL the new server writes before its first checkpoint.
+const NEW_CLUSTER_ROOM: u64 = 96 * 1024 * 1024;
+
+/// Bytes the new cluster needs on the data volume: in copy mode a second copy of every relation
+/// file (everything but the WAL, which pg_upgrade does not carry), in link mode only hard links.
+pub fn space_needed(method: UpgradeMethod, relation_bytes: u64) -> u64 {
+    match method {
+        UpgradeMethod::Copy => relation_bytes.saturating_add(NEW_CLUSTER_ROOM),
+        UpgradeMethod::Link => NEW_CLUSTER_ROOM,
+    }
+}
+
+/// Refuses an upgrade the data volume has no room for, before anything is written: pg_upgrade
+/// would fill the volume half way through, and a full volume also stops the old server.
+fn check_space(method: UpgradeMethod, relation_bytes: u64, free_bytes: u64) -> Result<(), MajorUpgradeError> {
+    let needed = space_needed(method, relation_bytes);
+    if free_bytes >= needed {
+        return Ok(());
+    }
+    let megabytes = |bytes: u64| bytes.div_ceil(1024 * 1024);
+    Err(MajorUpgradeError::NoSpace {
+        method: if method == UpgradeMethod::Link { "link" } else { "copy" },
+        needed_megabytes: megabytes(needed),
+        free_megabytes: free_bytes / (1024 * 1024),
+        hint: if method == UpgradeMethod::Copy { ", or use spec.upgradeMethod: link" } else { "" },
+    })
+}
+
+/// Bytes of the files under `directory` except its WAL (`pg_wal`), without following links.
+fn relation_bytes(directory: &Path) -> Result<u64, MajorUpgradeError> {
+    let mut total = 0u64;
+    let mut pending = vec![directory.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        for entry in std::fs::read_dir(&current).map_err(files("reading", &current))? {
+            let entry = entry.map_err(files("reading", &current))?;
+            let kind = entry.file_type().map_err(files("reading", &entry.path()))?;
+            if kind.is_dir() {
+                if current != directory || entry.file_name() != "pg_wal" {
+                    pending.push(entry.path());
+                }
+            } else if kind.is_file() {
+                total = total.saturating_add(entry.metadata().map(|metadata| metadata.len()).unwrap_or_default());
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// The cluster to upgrade and the binaries of both majors.
@@ -163,9 +227,35 @@ fn initdb_arguments(control: &str, own: &[String], superuser: &str, new_major: u
     arguments
 }
 
+/// The problem reports pg_upgrade names in its output (such as `loadable_libraries.txt`: which
+/// library is missing, in which database), their first lines each; read before the new cluster
+/// that holds them is removed.
+fn problem_reports(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with('/') && line.ends_with(".txt"))
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|text| text.lines().map(str::trim).filter(|line| !line.is_empty()).take(10).collect::<Vec<_>>().join("; "))
+        .filter(|text| !text.is_empty())
+        .collect()
+}
+
+/// `text` without pg_upgrade's sentences "A list of ... is in the file:" (wrapped across lines in
+/// its output): the file goes with the discarded new cluster; its contents follow instead.
+fn without_file_pointers(text: &str) -> String {
+    let mut text = text.to_string();
+    while let Some(start) = text.find("A list of ") {
+        let Some(length) = text[start..].find("in the file:") else { break };
+        text.replace_range(start..start + length + "in the file:".len(), "");
+    }
+    text.trim().to_string()
+}
+
 /// pg_upgrade's reason from its output: the failed check and its explanation (without the
-/// report file's path, which goes with the discarded new cluster), or its last lines.
-fn refusal(output: &str) -> String {
+/// report file's path, which goes with the discarded new cluster), or its last lines; then what
+/// the report files said (`reports`).
+fn refusal(output: &str, reports: &[String]) -> String {
     let lines: Vec<&str> = output.lines().map(str::trim).collect();
     let failed = lines.iter().position(|line| line.ends_with("fatal") || line.contains("failed check:"));
     let explained = failed.map(|failed| {
@@ -173,7 +263,7 @@ fn refusal(output: &str) -> String {
         let explanation = lines[failed + 1..]
             .iter()
             .take_while(|line| !line.starts_with("Failure, exiting"))
-            .filter(|line| !line.is_empty() && !line.starts_with('/') && !line.starts_with("A list of the problem"))
+            .filter(|line| !line.is_empty() && !line.starts_with('/') && !line.starts_with("A list of "))
             .filter(|line| !line.ends_with("checks failed:"))
             .copied();
         check.into_iter().chain(explanation.map(String::from)).collect::<Vec<_>>().join(" ")
@@ -186,6 +276,9 @@ fn refusal(output: &str) -> String {
             last.join(" ")
         }
     };
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = without_file_pointers(&text);
+    let text = std::iter::once(text).chain(reports.iter().cloned()).collect::<Vec<_>>().join(" ");
     let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
     match text.char_indices().nth(MAX_REASON_CHARACTERS) {
         Some((end, _)) => format!("{}...", &text[..end]),
@@ -232,6 +325,12 @@ pub async fn upgrade(
     }
     let control =
         run(os_user, previous_bin, "pg_controldata", &["-D".into(), data.clone()], TOOL_TIMEOUT, None).await?;
+    if let Some(free) = crate::instance::postgres::free_bytes(&paths.data) {
+        if let Err(error) = check_space(method, relation_bytes(&paths.data)?, free) {
+            remove_if_present(&work)?;
+            return Err(error);
+        }
+    }
 
     let started = Instant::now();
     let mut initdb = vec!["-D".to_string(), paths.next.display().to_string()];
@@ -263,23 +362,29 @@ pub async fn upgrade(
     let mut check = arguments.clone();
     check.push("--check".into());
     if let Err(error) = run(os_user, bin, "pg_upgrade", &check, UPGRADE_TIMEOUT, Some(&work)).await {
-        remove_if_present(&paths.next)?;
-        return Err(match error {
-            MajorUpgradeError::Step { detail, .. } => MajorUpgradeError::Refused(refusal(&detail)),
+        let error = match error {
+            MajorUpgradeError::Step { detail, .. } => {
+                MajorUpgradeError::Refused(refusal(&detail, &problem_reports(&detail)))
+            }
             other => other,
-        });
+        };
+        remove_if_present(&paths.next)?;
+        return Err(error);
     }
     outcome.steps.push(("pg_upgrade --check", started.elapsed().as_secs_f64()));
     let started = Instant::now();
     if let Err(error) = run(os_user, bin, "pg_upgrade", &arguments, UPGRADE_TIMEOUT, Some(&work)).await {
+        let error = match error {
+            MajorUpgradeError::Step { step, detail } => {
+                MajorUpgradeError::Step { step, detail: refusal(&detail, &problem_reports(&detail)) }
+            }
+            other => other,
+        };
         remove_if_present(&paths.next)?;
         if method == UpgradeMethod::Link {
             undo_link_mode(&paths.data)?;
         }
-        return Err(match error {
-            MajorUpgradeError::Step { step, detail } => MajorUpgradeError::Step { step, detail: refusal(&detail) },
-            other => other,
-        });
+        return Err(error);
     }
     outcome.steps.push(("pg_upgrade", started.elapsed().as_secs_f64()));
 
@@ -469,6 +574,32 @@ mod tests {
     }
 
     #[test]
+    fn copy_mode_needs_room_for_a_second_copy_and_link_mode_only_for_a_new_cluster() {
+        let gib = 1024 * 1024 * 1024;
+        assert!(check_space(UpgradeMethod::Copy, gib, 2 * gib).is_ok());
+        let refused = check_space(UpgradeMethod::Copy, gib, gib).unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            "not enough free space on the data volume for a copy upgrade: it needs about 1120 MiB, 1024 MiB are free; \
+             grow spec.storageSize, or use spec.upgradeMethod: link"
+        );
+        assert!(check_space(UpgradeMethod::Link, gib, 200 * 1024 * 1024).is_ok());
+        let refused = check_space(UpgradeMethod::Link, gib, 10 * 1024 * 1024).unwrap_err().to_string();
+        assert!(refused.ends_with("grow spec.storageSize"), "{refused}");
+    }
+
+    #[test]
+    fn the_relation_bytes_leave_out_the_wal() {
+        let directory = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(directory.path().join("base/1")).unwrap();
+        std::fs::create_dir_all(directory.path().join("pg_wal")).unwrap();
+        std::fs::write(directory.path().join("base/1/1259"), vec![0u8; 8192]).unwrap();
+        std::fs::write(directory.path().join("PG_VERSION"), "15\n").unwrap();
+        std::fs::write(directory.path().join("pg_wal/000000010000000000000001"), vec![0u8; 65536]).unwrap();
+        assert_eq!(relation_bytes(directory.path()).unwrap(), 8192 + 3);
+    }
+
+    #[test]
     fn the_refusal_is_the_failed_checks_explanation() {
         // pg_upgrade 16's layout.
         let output = "Checking for reg* data types in user tables                   fatal\n\n\
@@ -476,7 +607,7 @@ mod tests {
             These data types reference system OIDs.\n\
             A list of the problem columns is in the file:\n    /data/pgdata.next/tables_using_reg.txt\n\nFailure, exiting\n";
         assert_eq!(
-            refusal(output),
+            refusal(output, &[]),
             "Your installation contains one of the reg* data types in user tables. These data types reference system OIDs."
         );
         // pg_upgrade 17's.
@@ -484,11 +615,40 @@ mod tests {
             Data type checks failed: \nYour installation contains one of the reg* data types in user tables.\n\n\
             A list of the problem columns is in the file:\n    /tmp/b/tables_using_reg.txt\n\nFailure, exiting";
         assert_eq!(
-            refusal(output),
+            refusal(output, &[]),
             "Checking for reg* data types in user tables Your installation contains one of the reg* data types in user tables."
         );
-        assert_eq!(refusal("exit status: 1\nsomething broke\n"), "exit status: 1 something broke");
-        assert!(refusal(&"word ".repeat(500)).ends_with("..."));
+        assert_eq!(refusal("exit status: 1\nsomething broke\n", &[]), "exit status: 1 something broke");
+        assert!(refusal(&"word ".repeat(500), &[]).ends_with("..."));
+    }
+
+    #[test]
+    fn a_missing_library_is_named_from_pg_upgrades_report_file() {
+        let directory = tempfile::tempdir().unwrap();
+        let report = directory.path().join("loadable_libraries.txt");
+        std::fs::write(
+            &report,
+            "could not load library \"$libdir/adminpack\": ERROR:  could not access file \"$libdir/adminpack\": No such file or directory\nIn database: app\n\n",
+        )
+        .unwrap();
+        // pg_upgrade 17's layout.
+        let output = format!(
+            "Checking for presence of required libraries                   fatal\n\n\
+             Your installation references loadable libraries that are missing from the\n\
+             new installation.  You can add these libraries to the new installation,\n\
+             or remove the functions using them from the old installation.  A list of\n\
+             problem libraries is in the file:\n    {}\n\nFailure, exiting\n",
+            report.display()
+        );
+        let reports = problem_reports(&output);
+        assert_eq!(
+            refusal(&output, &reports),
+            "Your installation references loadable libraries that are missing from the new installation. You can \
+             add these libraries to the new installation, or remove the functions using them from the old \
+             installation. could not load library \"$libdir/adminpack\": ERROR: could not access file \"$libdir/adminpack\": \
+             No such file or directory; In database: app"
+        );
+        assert!(problem_reports("    /nowhere/loadable_libraries.txt\n").is_empty());
     }
 
     #[test]

@@ -7,6 +7,10 @@ removes the directory and the PV. `local` volumes, unlike hostPath, get the pod'
 kubelet, so a non-root PostgreSQL can write to them; and since volumes are made on demand and deleted after
 use, a long test run never exhausts a pool.
 
+Claims of the --sized-storage-class get a volume of exactly their requested size instead: an ext4 file
+system in a sparse file beside the directory, loop-mounted on it, so that a test can fill a volume (the
+host's own file system has hundreds of gigabytes free). Reclaiming unmounts it and removes the file.
+
 It polls the API once a second (two LISTs) with the admin certificate; it runs as a host process started
 by real-node.sh and stops with SIGTERM.
 """
@@ -18,6 +22,7 @@ import re
 import shutil
 import signal
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
@@ -35,6 +40,7 @@ def main() -> int:
     parser.add_argument("--directory", required=True, help="where volume directories are made")
     parser.add_argument("--node", required=True)
     parser.add_argument("--storage-class", required=True)
+    parser.add_argument("--sized-storage-class", help="claims of this class get a loop-mounted file system of their size")
     parser.add_argument("--interval", type=float, default=1.0)
     arguments = parser.parse_args()
 
@@ -74,7 +80,8 @@ def provision(api: Api, arguments, directory: str) -> None:
     for claim in claims:
         spec, metadata = claim["spec"], claim["metadata"]
         annotations = metadata.get("annotations") or {}
-        if spec.get("storageClassName") != arguments.storage_class or spec.get("volumeName"):
+        storage_class = spec.get("storageClassName")
+        if storage_class not in (arguments.storage_class, arguments.sized_storage_class) or spec.get("volumeName"):
             continue
         if annotations.get("volume.kubernetes.io/selected-node") != arguments.node:
             continue
@@ -84,6 +91,8 @@ def provision(api: Api, arguments, directory: str) -> None:
         path = os.path.join(directory, name)
         os.makedirs(path, mode=0o755, exist_ok=True)
         size = spec["resources"]["requests"]["storage"]
+        if storage_class == arguments.sized_storage_class and not os.path.ismount(path):
+            make_sized_file_system(path, quantity_bytes(size))
         volume = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
@@ -92,7 +101,7 @@ def provision(api: Api, arguments, directory: str) -> None:
                 "capacity": {"storage": size},
                 "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
                 "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": arguments.storage_class,
+                "storageClassName": storage_class,
                 "volumeMode": spec.get("volumeMode") or "Filesystem",
                 "claimRef": {"namespace": metadata["namespace"], "name": metadata["name"], "uid": metadata["uid"]},
                 "local": {"path": path},
@@ -122,13 +131,37 @@ def reclaim(api: Api, directory: str) -> None:
         if os.path.dirname(path) != directory:
             continue
         if re.fullmatch(r"pvc-[0-9a-f-]+", os.path.basename(path)):
+            if os.path.ismount(path):
+                subprocess.run(["umount", path], check=True, timeout=60)
             shutil.rmtree(path, ignore_errors=True)
+            if os.path.exists(path + ".img"):
+                os.remove(path + ".img")
         try:
             api.request("DELETE", "/api/v1/persistentvolumes/" + metadata["name"])
             log(f"deleted {metadata['name']}")
         except urllib.error.HTTPError as error:
             if error.code != 404:
                 raise
+
+
+def make_sized_file_system(path: str, size: int) -> None:
+    """An ext4 file system of `size` bytes (no blocks reserved for root: PostgreSQL is not root) in
+    the sparse file PATH.img, loop-mounted on PATH."""
+    image = path + ".img"
+    with open(image, "wb") as file:
+        file.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", image], check=True, timeout=120)
+    subprocess.run(["mount", "-o", "loop", image, path], check=True, timeout=60)
+    os.chmod(path, 0o755)
+
+
+def quantity_bytes(quantity: str) -> int:
+    """Bytes of a Kubernetes quantity such as 1Gi, 512Mi or 1G."""
+    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    for suffix, factor in suffixes.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(float(quantity))
 
 
 def log(message: str) -> None:

@@ -69,6 +69,8 @@ OWNER_FILE=/run/dbservice-real-node.owner
 STUCK_FILE=/run/dbservice-real-node.stuck-netns
 TAINT_KEY=dbservice.dev/real-node
 STORAGE_CLASS=real-local
+# Volumes of exactly the claimed size (a loop-mounted file system), for tests that fill one.
+SIZED_STORAGE_CLASS=real-local-sized
 
 log() { printf '[real-node] %s\n' "$*" >&2; }
 die() { printf '[real-node] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -373,20 +375,24 @@ EOF
 
 start_provisioner() {
   mkdir -p "$RN/volumes"
-  kubectl apply -f - >/dev/null <<EOF
+  local class
+  for class in "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS"; do
+    kubectl apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
-metadata: {name: $STORAGE_CLASS}
+metadata: {name: $class}
 provisioner: dbservice.dev/real-node-local
 reclaimPolicy: Delete
 volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: false
 EOF
+  done
   # shellcheck source=/dev/null
   . "$CLUSTER_DIR/state.env"
   start provisioner python3 "$here/local-provisioner.py" --server "$APISERVER_URL" --ca "$PKI/ca.crt" \
     --certificate "$PKI/admin.crt" --key "$PKI/admin.key" \
-    --directory "$RN/volumes" --node "$NODE" --storage-class "$STORAGE_CLASS"
+    --directory "$RN/volumes" --node "$NODE" --storage-class "$STORAGE_CLASS" \
+    --sized-storage-class "$SIZED_STORAGE_CLASS"
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -425,6 +431,7 @@ write_environment() {
 # Written by tests/cluster/real-node.sh; sourceable.
 REAL_NODE=$NODE
 REAL_NODE_STORAGE_CLASS=$STORAGE_CLASS
+REAL_NODE_SIZED_STORAGE_CLASS=$SIZED_STORAGE_CLASS
 REAL_NODE_POSTGRES_VERSION=$POSTGRES_VERSION
 REAL_NODE_POSTGRES_IMAGE=$POSTGRES_IMAGE
 # The other majors' versions (images docker.io/library/postgres:<version>), from the PyPI wheels.
@@ -488,7 +495,7 @@ down() {
     delete_node_pods
     kubectl delete node "$NODE" --ignore-not-found >/dev/null 2>&1 || true
     kubectl -n default delete endpointslice kubernetes-real-node --ignore-not-found >/dev/null 2>&1 || true
-    kubectl delete storageclass "$STORAGE_CLASS" --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete storageclass "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS" --ignore-not-found >/dev/null 2>&1 || true
     kubectl delete -f "$here/manifests/real-node-rbac.yaml" --ignore-not-found >/dev/null 2>&1 || true
   fi
   stop provisioner; stop apiserver-relay; stop coredns; stop kube-proxy; stop kubelet

@@ -24,6 +24,9 @@ pub struct RealNode {
     pub other_versions: Vec<String>,
     /// StorageClass of the real node's volumes.
     pub storage_class: String,
+    /// StorageClass of volumes of exactly the claimed size (a loop-mounted file system that a
+    /// test can fill).
+    pub sized_storage_class: String,
     /// The operator image built from the Dockerfile (images.sh operator).
     pub operator_image: String,
     /// A busybox image for the node's own checks.
@@ -71,6 +74,7 @@ fn read_real_node() -> Option<RealNode> {
             .map(|versions| versions.trim_matches('"').split_whitespace().map(String::from).collect())
             .unwrap_or_default(),
         storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
+        sized_storage_class: values.get("REAL_NODE_SIZED_STORAGE_CLASS")?.to_string(),
         operator_image,
         busybox_image: values.get("REAL_NODE_BUSYBOX_IMAGE")?.to_string(),
         pgbouncer_image: values.get("REAL_NODE_PGBOUNCER_IMAGE")?.to_string(),

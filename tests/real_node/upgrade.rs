@@ -3,7 +3,8 @@
 //! backup first, the primary upgraded with pg_upgrade, the standby cloned again; every
 //! acknowledged commit is on the new primary, no two servers accepted writes, both instances run
 //! 17 and stream, and a backup after the upgrade (into the new archive) completes. An upgrade that
-//! pg_upgrade refuses rolls back to 15 on the untouched data. Lines `[upgrade]` give the figures.
+//! pg_upgrade refuses (an extension the new image lacks) or that the volume has no room for rolls
+//! back to 15 on the untouched data. Lines `[upgrade]` give the figures.
 
 use crate::failover::{epoch_now, ledger_entries, DATABASE};
 use crate::faults::Bed;
@@ -135,41 +136,95 @@ async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
 }
 
 #[tokio::test]
-async fn an_upgrade_pg_upgrade_refuses_rolls_back_to_15_on_the_untouched_data() {
-    let fault = "major upgrade 15 to 17 refused by pg_upgrade --check";
+async fn an_upgrade_to_an_image_without_an_extension_in_use_rolls_back_to_15_on_the_untouched_data() {
+    let fault = "major upgrade 15 to 17 with an extension 17 lacks";
     let Some(bed) = Bed::start(fault, 2).await else { return };
     let target = version_of(&bed, 17);
     let primary = bed.primary().await;
-    // pg_upgrade cannot carry a reg* column other than regclass/regrole/regtype: --check refuses.
+    // adminpack ships with 15 and is gone from 17: its library is missing in the new image, and
+    // pg_upgrade --check refuses.
     crate::environment::psql_in_instance(
         bed.ns(),
         &primary,
-        "create table refused (f regproc); insert into refused values ('now')",
+        "create extension adminpack; create table kept (note text); insert into kept values ('written on 15')",
     );
     let (since, failed_at) = (bed.last_id(), epoch_now());
     change_version(&bed.databases(), &target, None).await;
     let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::RolledBack).await;
     let message = upgrade.message.clone().unwrap_or_default();
-    assert!(message.contains("reg"), "pg_upgrade's reason is shown: {upgrade:?}");
+    assert!(
+        message.contains("loadable libraries") && message.contains("adminpack"),
+        "pg_upgrade's reason, with the library: {upgrade:?}"
+    );
+    let outcome = rolled_back_to_15(&bed, fault, &primary, failed_at, since).await;
+    let note = crate::environment::psql_in_instance(bed.ns(), &primary, "select note from kept");
+    assert_eq!(note.trim(), "written on 15");
+    eprintln!(
+        "[upgrade] refused 15 to {target}: rolled back in {:.1} s of outage, acknowledged {} lost {}: {message}",
+        outcome.rto, outcome.acknowledged, outcome.lost
+    );
+}
+
+#[tokio::test]
+async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to_15_with_its_data() {
+    let fault = "major upgrade 15 to 17 on a full volume (copy mode)";
+    let Some(bed) = Bed::start_on_sized_volumes(fault, 2).await else { return };
+    let target = version_of(&bed, 17);
+    let primary = bed.primary().await;
+    // About 600 MB of rows on the primary's 1 GiB volume: a second copy does not fit. Unlogged,
+    // so that the load writes no WAL (which would fill the volume before the upgrade); pg_upgrade
+    // copies unlogged tables like any other.
+    let rows = 5_000_000;
+    crate::environment::psql_in_instance(
+        bed.ns(),
+        &primary,
+        &format!("create unlogged table bulk as select n::bigint, repeat('x', 80) as filler from generate_series(1, {rows}) n"),
+    );
+    let size = crate::environment::psql_in_instance(
+        bed.ns(),
+        &primary,
+        "select pg_size_pretty(pg_database_size(current_database()))",
+    );
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    change_version(&bed.databases(), &target, None).await;
+    let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::RolledBack).await;
+    let message = upgrade.message.clone().unwrap_or_default();
+    assert!(message.contains("not enough free space") && message.contains("upgradeMethod: link"), "{upgrade:?}");
+    let outcome = rolled_back_to_15(&bed, fault, &primary, failed_at, since).await;
+    let count = crate::environment::psql_in_instance(bed.ns(), &primary, "select count(*) from bulk");
+    assert_eq!(count.trim(), rows.to_string(), "the rows of the unlogged table survived the clean stops");
+    eprintln!(
+        "[upgrade] full volume (database {}), 15 to {target}: rolled back in {:.1} s of outage, acknowledged {} lost {}: {message}",
+        size.trim(),
+        outcome.rto,
+        outcome.acknowledged,
+        outcome.lost
+    );
+}
+
+/// After a rolled-back upgrade: nothing acknowledged was lost, no two primaries, the old primary
+/// runs 15 again (every instance does), the RolledBack condition says UpgradeFailed, and there
+/// was no failover.
+async fn rolled_back_to_15(
+    bed: &Bed,
+    fault: &str,
+    primary: &str,
+    failed_at: f64,
+    since: i64,
+) -> crate::faults::Outcome {
     let outcome = bed.conclude(fault, failed_at, since).await;
     assert_eq!(outcome.lost, 0, "{fault}: {outcome:?}");
     assert!(outcome.overlaps.is_empty(), "{fault}: two writable primaries: {:?}", outcome.overlaps);
     let back = bed.primary().await;
     assert_eq!(back, primary, "the old primary runs again on its own data");
     for pod in [format!("{DATABASE}-0"), format!("{DATABASE}-1")] {
-        assert_eq!(server_major(&bed, &pod), 15, "{pod}");
+        assert_eq!(server_major(bed, &pod), 15, "{pod}");
     }
-    let rows = crate::environment::psql_in_instance(bed.ns(), &back, "select count(*) from refused");
-    assert_eq!(rows.trim(), "1");
-    let database = bed.databases().get(DATABASE).await.unwrap();
-    let status = database.status.unwrap();
+    let status = bed.databases().get(DATABASE).await.unwrap().status.unwrap();
     let rolled_back = status.conditions.iter().find(|condition| condition.type_ == "RolledBack").expect("RolledBack");
     assert_eq!(rolled_back.reason, "UpgradeFailed", "{rolled_back:?}");
     assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "the rollback must not fail over");
-    eprintln!(
-        "[upgrade] refused 15 to {target}: rolled back in {:.1} s of outage, acknowledged {} lost {}: {message}",
-        outcome.rto, outcome.acknowledged, outcome.lost
-    );
+    outcome
 }
 
 /// Loads about `DBSERVICE_UPGRADE_MEGABYTES` (default 0) of rows into the primary, for the

@@ -59,6 +59,19 @@ pub struct Outcome {
     pub overlaps: Vec<(Term, Term)>,
 }
 
+/// How a [`Bed`]'s database differs from the default one.
+#[derive(Default)]
+struct BedOptions<'a> {
+    /// WAL archiving into this object store endpoint.
+    store: Option<&'a str>,
+    /// PostgreSQL version other than the node's default.
+    version: Option<&'a str>,
+    /// One instance on each real node.
+    across_nodes: bool,
+    /// Volumes of exactly the claimed size.
+    sized_volumes: bool,
+}
+
 impl Bed {
     /// A database of `instances` on the real node with both writers committing; None when the
     /// test skips (no real node outside CI).
@@ -74,22 +87,22 @@ impl Bed {
     /// Like [`Bed::start_with`], on PostgreSQL `version` (one of the node's other versions)
     /// instead of the default one.
     pub async fn start_on(fault: &str, instances: usize, store: Option<&str>, version: Option<&str>) -> Option<Bed> {
-        Bed::start_in(fault, instances, store, version, false).await
+        Bed::start_in(fault, instances, BedOptions { store, version, ..BedOptions::default() }).await
+    }
+
+    /// Like [`Bed::start_on`], on volumes of exactly `storageSize` (1 GiB) that a test can fill.
+    pub async fn start_on_sized_volumes(fault: &str, instances: usize) -> Option<Bed> {
+        Bed::start_in(fault, instances, BedOptions { sized_volumes: true, ..BedOptions::default() }).await
     }
 
     /// Like [`Bed::start`], with the instances on both real nodes (one per node: a required
     /// anti-affinity) and the writers on the first one (`tests/cluster/second-node.sh`).
     pub async fn start_across_nodes(fault: &str, instances: usize) -> Option<Bed> {
-        Bed::start_in(fault, instances, None, None, true).await
+        Bed::start_in(fault, instances, BedOptions { across_nodes: true, ..BedOptions::default() }).await
     }
 
-    async fn start_in(
-        fault: &str,
-        instances: usize,
-        store: Option<&str>,
-        version: Option<&str>,
-        across_nodes: bool,
-    ) -> Option<Bed> {
+    async fn start_in(fault: &str, instances: usize, options: BedOptions<'_>) -> Option<Bed> {
+        let BedOptions { store, version, across_nodes, sized_volumes } = options;
         let node = real_node_or_skip(fault)?;
         let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
         install_chart(node);
@@ -104,6 +117,9 @@ impl Bed {
         let mut database = real_database(node, DATABASE, replicas, "Delete");
         if let Some(version) = version {
             database.spec.version = version.to_string();
+        }
+        if sized_volumes {
+            database.spec.storage_class_name = Some(node.sized_storage_class.clone());
         }
         if across_nodes {
             database.spec.placement = serde_json::from_value(serde_json::json!({
