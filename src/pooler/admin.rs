@@ -2,7 +2,7 @@
 //! (PAUSE, RESUME, RELOAD, RECONNECT) and the SHOW views its metrics come from. One short
 //! connection per command, each bounded in time.
 
-use crate::api::pooler::{POOLER_ADMIN, RUN_DIRECTORY};
+use crate::api::pooler::{POOLER_ADMIN, POOLER_ROLE, RUN_DIRECTORY};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_postgres::{NoTls, SimpleQueryMessage};
@@ -31,6 +31,42 @@ pub struct Pool {
     pub name: &'static str,
     /// Its port (the socket is `.s.PGSQL.<port>` in its directory).
     pub port: u16,
+}
+
+/// Logs in through `pool` as the pooler role to `database` and runs a query on the server
+/// behind it, within `timeout`.
+pub async fn login(pool: Pool, password: &str, database: &str, timeout: Duration) -> Result<(), AdminCommandError> {
+    let work = async {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(format!("{RUN_DIRECTORY}/{}", pool.name))
+            .port(pool.port)
+            .user(POOLER_ROLE)
+            .password(password)
+            .dbname(database)
+            .connect_timeout(timeout);
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(|error| AdminCommandError::Connect { pool: pool.name, detail: describe(&error) })?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client.simple_query("SELECT 1").await.map(|_| ()).map_err(|error| AdminCommandError::Command {
+            pool: pool.name,
+            command: "SELECT 1".into(),
+            detail: describe(&error),
+        })
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| AdminCommandError::Timeout {
+        pool: pool.name,
+        command: "a login".into(),
+        timeout,
+    })?
+}
+
+fn describe(error: &tokio_postgres::Error) -> String {
+    error.as_db_error().map_or_else(|| error.to_string(), |db| db.message().to_string())
 }
 
 /// Runs `command` on `pool`'s admin console within `timeout`; the rows, each column by name.

@@ -62,6 +62,10 @@ pub struct PoolerRunArgs {
     /// PgBouncer's admin password (Secret NAME-pooler).
     #[arg(long, env = "POOLER_ADMIN_PASSWORD", hide_env_values = true)]
     pub admin_password: String,
+    /// The pooler role's password (Secret NAME-pooler): the agent logs in through its PgBouncer
+    /// once before the pod is ready.
+    #[arg(long, env = "POOLER_AUTH_PASSWORD", hide_env_values = true)]
+    pub auth_password: String,
     /// Bearer token of POST /pause (Secret NAME-pooler).
     #[arg(long, env = "POOLER_CONTROL_TOKEN", hide_env_values = true)]
     pub control_token: String,
@@ -75,6 +79,9 @@ pub struct PoolerRunArgs {
 pub struct Shared {
     /// The read-write PgBouncer's configuration is written (it can start).
     pub pointed_once: bool,
+    /// A login through the read-write PgBouncer reached the primary once: its server logins
+    /// (and the auth_query connection every client login needs) work.
+    pub server_path_proven: bool,
     /// Pause counters for /metrics.
     pub counters: metrics::PauseCounters,
 }
@@ -98,6 +105,32 @@ impl Agent {
     fn headless_host(&self, instance: &str) -> String {
         let headless = ChildNames::headless_service(&self.args.database);
         format!("{instance}.{headless}.{}.svc", self.args.namespace)
+    }
+
+    /// Until it succeeded once: a login through the read-write PgBouncer (as the pooler role, to
+    /// the first pooled database) and a query on the primary. The pod is ready only then, so a
+    /// new pod of a roll gets clients only once its server logins work: a first login that fails
+    /// would make PgBouncer refuse the pool's clients for `server_login_retry`.
+    async fn prove_server_path(&mut self) {
+        if self.shared.lock().expect("not poisoned").server_path_proven || self.pointed.is_none() {
+            return;
+        }
+        let proven = match self.databases.first() {
+            Some(database) => {
+                match admin::login(READ_WRITE, &self.args.auth_password, database, admin::COMMAND_TIMEOUT).await {
+                    Ok(()) => true,
+                    Err(error) => {
+                        tracing::info!(%error, "no server login through the read-write pool yet: not ready");
+                        false
+                    }
+                }
+            }
+            None => true,
+        };
+        if proven {
+            tracing::info!("a login through the read-write pool reached the primary: ready");
+            self.shared.lock().expect("not poisoned").server_path_proven = true;
+        }
     }
 
     async fn admin(&self, pool: Pool, command: &str, timeout: Duration) -> Result<(), admin::AdminCommandError> {
@@ -286,6 +319,7 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
         if let Some((observed, pooled)) = observe(&databases, &name).await {
             agent.databases = pooled;
             agent.act(&observed).await;
+            agent.prove_server_path().await;
         }
     }
     // Clients of a paused pool must not be left waiting by a pod that goes away.

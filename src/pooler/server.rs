@@ -1,6 +1,6 @@
-//! The pooler agent's HTTP server: GET /healthz (ready once the read-write PgBouncer can start),
-//! GET /metrics (one scrape at a time, each PgBouncer asked within a bound) and POST /pause
-//! (the operator, with the bearer token; a body of at most 1 KiB).
+//! The pooler agent's HTTP server: GET /healthz (ready once the read-write PgBouncer runs and a
+//! login through it reached the primary), GET /metrics (one scrape at a time, each PgBouncer asked
+//! within a bound) and POST /pause (the operator, with the bearer token; a body of at most 1 KiB).
 
 use crate::pooler::admin::{self, Pool};
 use crate::pooler::metrics::{families, PoolRows};
@@ -45,7 +45,8 @@ pub fn router(state: ServerState) -> Router {
 }
 
 async fn healthz(State(state): State<ServerState>) -> StatusCode {
-    if state.shared.lock().expect("not poisoned").pointed_once {
+    let shared = state.shared.lock().expect("not poisoned");
+    if shared.pointed_once && shared.server_path_proven {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -167,12 +168,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn healthz_waits_for_the_first_pointing() {
+    async fn healthz_waits_for_the_first_pointing_and_a_server_login() {
         let (state, _receiver) = state();
         let app = router(state.clone());
         let request = || axum::http::Request::get("/healthz").body(Body::empty()).unwrap();
         assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
         state.shared.lock().unwrap().pointed_once = true;
+        assert_eq!(app.clone().oneshot(request()).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+        state.shared.lock().unwrap().server_path_proven = true;
         assert_eq!(app.oneshot(request()).await.unwrap().status(), StatusCode::OK);
     }
 }

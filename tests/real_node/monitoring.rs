@@ -60,6 +60,21 @@ fn render_chart() -> RenderedMonitoring {
     rendered
 }
 
+/// The chart's PodMonitor of the pooler pods (`spec.pooler`), as a user enabling it gets it.
+pub fn render_pooler_pod_monitor() -> Value {
+    let output = Command::new(tool("helm"))
+        .args(["template", "monitoring", "charts/dbservice-operator"])
+        .args(["--show-only", "templates/pooler-monitoring.yaml"])
+        .args(["--set", "databaseMonitoring.podMonitor.enabled=true"])
+        .current_dir(repository())
+        .output()
+        .expect("helm runs");
+    assert!(output.status.success(), "helm template: {}", String::from_utf8_lossy(&output.stderr));
+    let object: Value = serde_saphyr::from_str(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    assert_eq!(object["kind"], "PodMonitor", "{object}");
+    object
+}
+
 /// `__meta_kubernetes_pod_label_<name>` as Prometheus spells a label name.
 fn meta_label(prefix: &str, name: &str) -> String {
     let sanitized: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
@@ -69,7 +84,7 @@ fn meta_label(prefix: &str, name: &str) -> String {
 /// The scrape configuration prometheus-operator generates for the PodMonitor, limited to
 /// `namespace`: its selector and port as keep rules, the target labels it always sets, then the
 /// endpoint's own relabelings.
-fn scrape_config(pod_monitor: &Value, namespace: &str, kubeconfig: &Path) -> Value {
+pub fn scrape_config(pod_monitor: &Value, namespace: &str, kubeconfig: &Path) -> Value {
     let spec = &pod_monitor["spec"];
     let endpoint = &spec["podMetricsEndpoints"][0];
     let mut relabel = Vec::new();
@@ -98,7 +113,7 @@ fn scrape_config(pod_monitor: &Value, namespace: &str, kubeconfig: &Path) -> Val
         relabel.push(Value::Object(translated));
     }
     json!({
-        "job_name": "podMonitor/databases",
+        "job_name": format!("podMonitor/{}", pod_monitor["metadata"]["name"].as_str().unwrap_or("databases")),
         // The chart's 30 s interval, shortened so that the test sees rates within seconds.
         "scrape_interval": "2s",
         "scrape_timeout": "2s",
@@ -137,14 +152,15 @@ fn promtool(arguments: &[&str]) {
 }
 
 /// A Prometheus server on the host, stopped when dropped.
-struct Prometheus {
+pub struct Prometheus {
     url: String,
     http: reqwest::Client,
     _process: Process,
 }
 
 impl Prometheus {
-    fn start(work: &Path, config: &Value, rules: &Value) -> Prometheus {
+    /// Started with one scrape configuration and `rules`.
+    pub fn start(work: &Path, config: &Value, rules: &Value) -> Prometheus {
         let rules_file = work.join("rules.json");
         std::fs::write(&rules_file, serde_json::to_vec_pretty(rules).unwrap()).unwrap();
         let config = json!({
@@ -171,7 +187,7 @@ impl Prometheus {
     }
 
     /// The `data` of a successful API answer; None while Prometheus does not answer yet.
-    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
+    pub async fn get(&self, path: &str, query: &[(&str, &str)]) -> Option<Value> {
         let response = self.http.get(format!("{}{path}", self.url)).query(query).send().await.ok()?;
         let body: Value = response.json().await.ok()?;
         assert_eq!(body["status"], "success", "{path} {query:?}: {body}");
@@ -179,7 +195,7 @@ impl Prometheus {
     }
 
     /// The instant query's result vector (asserting the query evaluates).
-    async fn query(&self, expression: &str) -> Vec<Value> {
+    pub async fn query(&self, expression: &str) -> Vec<Value> {
         let data = self.get("/api/v1/query", &[("query", expression)]).await.expect("prometheus answers");
         data["result"].as_array().cloned().unwrap_or_default()
     }

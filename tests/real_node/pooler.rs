@@ -230,6 +230,11 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     })
     .await;
     eprintln!("[figure] pooler: 2 pods ready {:.1} s after the database", started.elapsed().as_secs_f64());
+    // A real Prometheus scrapes the pooler pods as the chart's PodMonitor says.
+    let work = tempfile::Builder::new().prefix("dbservice-pooler-prometheus-").tempdir_in("/tmp").unwrap();
+    let kubeconfig = crate::support::admin_kubeconfig().expect("the cluster's kubeconfig");
+    let scrape = crate::monitoring::scrape_config(&crate::monitoring::render_pooler_pod_monitor(), ns, &kubeconfig);
+    let prometheus = crate::monitoring::Prometheus::start(work.path(), &scrape, &serde_json::json!({"groups": []}));
     let primary = crate::failover::wait_settled_instances(&client, ns, 2).await;
 
     // Read-only through the standbys' pool, read-write through the primary's.
@@ -333,7 +338,18 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     let rto = first_error.map_or(0.0, |_| back.map_or(f64::NAN, |attempt| attempt.at - failed_at));
     let errors = log.iter().filter(|attempt| attempt.at >= failed_at && attempt.outcome.is_err()).count();
     let lost = lost_since(&client, node, ns, (&log, "pooled"), since).await;
-    eprintln!("[figure] failover through the pooler: {promoted} promoted, RTO {rto:.2} s, {errors} client errors, {lost} of the acknowledged lost (asynchronous)");
+    let mut kinds: Vec<&str> = log
+        .iter()
+        .filter(|attempt| attempt.at >= failed_at)
+        .filter_map(|attempt| attempt.outcome.as_ref().err().map(String::as_str))
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds.truncate(4);
+    eprintln!(
+        "[figure] failover through the pooler: {promoted} promoted, RTO {rto:.2} s, {errors} client errors, {lost} of \
+         the acknowledged lost (asynchronous); errors such as {kinds:?}"
+    );
     crate::failover::wait_settled_instances(&client, ns, 2).await;
 
     // 3. The pooler pods rolled (a new parameter) under clients that connect per transaction.
@@ -400,13 +416,32 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     .await;
     assert!(!answer.contains("exit 0"), "the superuser got in through the pooler: {answer}");
 
-    // 5. The pools' metrics, from a pooler pod's agent.
-    let pooler_pod = pooler_pods(&pods).await.into_iter().next().unwrap();
-    let metrics = kubectl(&["get", "--raw", &format!("/api/v1/namespaces/{ns}/pods/{pooler_pod}:9127/proxy/metrics")]);
-    assert!(metrics.contains("dbservice_pooler_up{pool=\"rw\"} 1"), "{metrics}");
-    assert!(metrics.contains("dbservice_pooler_up{pool=\"ro\"} 1"), "{metrics}");
-    assert!(metrics.contains("dbservice_pooler_client_connections{pool=\"rw\""), "{metrics}");
-    assert!(metrics.contains("dbservice_pooler_transactions_total{pool=\"rw\""), "{metrics}");
+    // 5. The pools' metrics in Prometheus: both pooler pods discovered, labelled with their
+    // database, both PgBouncers up; the traffic, the waits and the switchover's pause recorded.
+    let targets = eventually("both pooler pods scraped", Duration::from_secs(60), || async {
+        let data = prometheus.get("/api/v1/targets", &[("state", "active")]).await?;
+        let targets = data["activeTargets"].as_array()?.clone();
+        let up: Vec<serde_json::Value> = targets.into_iter().filter(|target| target["health"] == "up").collect();
+        (up.len() == 2).then_some(up)
+    })
+    .await;
+    for target in &targets {
+        assert_eq!(target["labels"]["database"], DATABASE, "{target}");
+    }
+    for expression in [
+        "count(dbservice_pooler_up == 1) == 4",
+        "sum(dbservice_pooler_transactions_total{pool=\"rw\", database=\"app\"}) > 0",
+        "dbservice_pooler_client_connections{pool=\"rw\"}",
+        "dbservice_pooler_client_wait_seconds_total{pool=\"rw\"}",
+        "dbservice_pooler_max_wait_seconds",
+        "max(max_over_time(dbservice_pooler_pauses_total[30m])) >= 1",
+    ] {
+        eventually(&format!("Prometheus: {expression}"), Duration::from_secs(30), || async {
+            (!prometheus.query(expression).await.is_empty()).then_some(())
+        })
+        .await;
+    }
+    eprintln!("[pooler] Prometheus scraped both pooler pods: up, transactions, waits and the switchover's pause");
 
     // 6. The benchmark: many short-lived clients, straight to PostgreSQL and through the pooler.
     let direct = format!("{DATABASE}.{ns}.svc");

@@ -114,6 +114,10 @@ fn pgbouncer_ini(pooler: &PoolerSpec, port: i32, socket_directory: &str, databas
         ("server_tls_ca_file", format!("{CA_DIRECTORY}/ca.crt")),
         // A server connection to a primary that went away is found on its next use, not reused.
         ("server_check_delay", "0".into()),
+        // After a failed server login PgBouncer refuses every new client of that pool, and tries
+        // again only after this many seconds (15 by default): a failover's refused connections
+        // would cost the clients 15 s after the new primary is there.
+        ("server_login_retry", "1".into()),
         ("logfile", String::new()),
         ("pidfile", String::new()),
     ] {
@@ -328,6 +332,7 @@ fn agent_container(database: &DatabaseService, agent_image: &str) -> Container {
             },
             EnvVar { name: "POD_NAME".into(), value_from: Some(field("metadata.name")), ..Default::default() },
             secret_variable("POOLER_ADMIN_PASSWORD", &secret, ADMIN_PASSWORD_KEY),
+            secret_variable("POOLER_AUTH_PASSWORD", &secret, AUTH_PASSWORD_KEY),
             secret_variable("POOLER_CONTROL_TOKEN", &secret, CONTROL_TOKEN_KEY),
         ]),
         ports: Some(vec![ContainerPort {
