@@ -33,6 +33,10 @@ pub const READ_ONLY_PORT: i32 = 6433;
 pub const POOLER_AGENT_PORT: i32 = 9127;
 /// Where the pooler agent writes PgBouncer's configuration and PgBouncer puts its sockets.
 pub const RUN_DIRECTORY: &str = "/run/pgbouncer";
+/// Where a pooler pod mounts the database's server certificate (`tls.crt`, `tls.key`).
+pub const TLS_DIRECTORY: &str = "/etc/pgbouncer-tls";
+/// Where a pooler pod mounts the database's CA (`ca.crt`).
+pub const CA_DIRECTORY: &str = "/etc/pgbouncer-ca";
 /// Keys of Secret NAME-pooler.
 pub const AUTH_PASSWORD_KEY: &str = "auth-password";
 /// See [`AUTH_PASSWORD_KEY`].

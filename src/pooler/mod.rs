@@ -3,7 +3,8 @@
 //! the current primary (the included `rw-databases.ini`, then RELOAD and RECONNECT); it pauses
 //! that PgBouncer when the operator asks before a switchover (POST /pause with the token of
 //! Secret NAME-pooler) and resumes it once the switchover has ended ([`pause::step`]); it serves
-//! the pools' metrics on /metrics and its readiness on /healthz.
+//! the pools' metrics on /metrics and its readiness on /healthz; and it has both PgBouncers
+//! RELOAD when the kubelet swapped in a renewed certificate.
 
 pub mod admin;
 pub mod metrics;
@@ -13,7 +14,7 @@ mod server;
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::POSTGRES_PORT;
-use crate::api::pooler::{READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY};
+use crate::api::pooler::{CA_DIRECTORY, READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY, TLS_DIRECTORY};
 use admin::Pool;
 use anyhow::Context;
 use pause::{Action, Observed, PauseState};
@@ -34,6 +35,22 @@ const PAUSED_INTERVAL: Duration = Duration::from_millis(200);
 const RUNNING_INTERVAL: Duration = Duration::from_secs(1);
 /// Every call to the apiserver.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often the mounted certificate files are compared with what PgBouncer loaded (the kubelet
+/// swaps a renewed Secret's files in within a minute or two).
+const CERTIFICATE_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A fingerprint of the certificate files both PgBouncers read (server certificate, its key and
+/// the CA), None while one cannot be read.
+fn certificate_fingerprint() -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for file in
+        [format!("{TLS_DIRECTORY}/tls.crt"), format!("{TLS_DIRECTORY}/tls.key"), format!("{CA_DIRECTORY}/ca.crt")]
+    {
+        std::fs::read(file).ok()?.hash(&mut hasher);
+    }
+    Some(hasher.finish())
+}
 
 /// `pooler` subcommands.
 #[derive(Debug, clap::Args)]
@@ -99,6 +116,9 @@ struct Agent {
     /// What rw-databases.ini holds.
     written: Option<String>,
     reload_pending: bool,
+    /// The certificate files' fingerprint PgBouncer runs with, and when they were last read.
+    certificates: Option<u64>,
+    certificates_checked: Option<Instant>,
 }
 
 impl Agent {
@@ -130,6 +150,36 @@ impl Agent {
         if proven {
             tracing::info!("a login through the read-write pool reached the primary: ready");
             self.shared.lock().expect("not poisoned").server_path_proven = true;
+        }
+    }
+
+    /// A renewed server certificate (or a new CA) reaches both PgBouncers by a RELOAD: new client
+    /// connections get the new certificate, new server connections check against the new CA;
+    /// connections already open keep theirs.
+    async fn keep_certificates(&mut self) {
+        if self.certificates_checked.is_some_and(|checked| checked.elapsed() < CERTIFICATE_CHECK_INTERVAL) {
+            return;
+        }
+        self.certificates_checked = Some(Instant::now());
+        let Some(now) = certificate_fingerprint() else { return };
+        let Some(loaded) = self.certificates else {
+            // What the PgBouncers started with (they start after the agent's first pointing).
+            self.certificates = Some(now);
+            return;
+        };
+        if loaded == now {
+            return;
+        }
+        let mut reloaded = true;
+        for pool in [READ_WRITE, READ_ONLY] {
+            if let Err(error) = self.admin(pool, "RELOAD", admin::COMMAND_TIMEOUT).await {
+                tracing::warn!(%error, "the renewed certificate is not loaded yet; trying again");
+                reloaded = false;
+            }
+        }
+        if reloaded {
+            tracing::info!("the renewed certificate files are loaded (RELOAD)");
+            self.certificates = Some(now);
         }
     }
 
@@ -300,6 +350,8 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
         databases: Vec::new(),
         written: None,
         reload_pending: false,
+        certificates: None,
+        certificates_checked: None,
     };
     tracing::info!(database = %name, "pooler agent started");
     loop {
@@ -321,6 +373,7 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
             agent.act(&observed).await;
             agent.prove_server_path().await;
         }
+        agent.keep_certificates().await;
     }
     // Clients of a paused pool must not be left waiting by a pod that goes away.
     if let PauseState::Paused { since, .. } = agent.state {

@@ -175,6 +175,17 @@ pub async fn real_namespace(client: &Client, prefix: &str) -> TestNamespace {
     namespace
 }
 
+/// What a pod's container printed so far (`kubectl logs`), empty while it has no log yet (a pod
+/// that is not running is no failure: callers poll).
+pub fn pod_logs(namespace: &str, pod: &str) -> String {
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "logs", pod])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// A DatabaseService on the real node's storage.
 pub fn real_database(node: &RealNode, name: &str, replicas: i32, deletion_policy: &str) -> DatabaseService {
     crate::support::database_from_yaml(&format!(

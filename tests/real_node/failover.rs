@@ -64,12 +64,7 @@ pub(crate) struct Attempt {
 
 /// The writer's log so far (empty while its container starts).
 pub(crate) fn writer_log(namespace: &str) -> Vec<Attempt> {
-    let output = std::process::Command::new(crate::support::tool("kubectl"))
-        .args(["-n", namespace, "logs", WRITER])
-        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
-        .output()
-        .expect("kubectl runs");
-    String::from_utf8_lossy(&output.stdout)
+    crate::environment::pod_logs(namespace, WRITER)
         .lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();

@@ -102,15 +102,6 @@ fn plain(name: &str, value: &str) -> serde_json::Value {
     serde_json::json!({"name": name, "value": value})
 }
 
-fn logs(namespace: &str, pod: &str) -> String {
-    let output = std::process::Command::new(crate::support::tool("kubectl"))
-        .args(["-n", namespace, "logs", pod])
-        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
-        .output()
-        .expect("kubectl runs");
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// One line of the pooled writer.
 #[derive(Clone, Debug)]
 struct Attempt {
@@ -125,7 +116,7 @@ fn attempts(namespace: &str) -> Vec<Attempt> {
 }
 
 fn attempts_of(namespace: &str, pod: &str) -> Vec<Attempt> {
-    logs(namespace, pod)
+    crate::environment::pod_logs(namespace, pod)
         .lines()
         .filter_map(|line| {
             let mut fields = line.splitn(4, ' ');
@@ -184,7 +175,7 @@ async fn run_pgbench(pods: &Api<Pod>, node: &RealNode, name: &str, target: &str,
 
 async fn pgbench_report(namespace: &str, name: &str, seconds: u64) -> String {
     eventually(&format!("pgbench {name} done"), Duration::from_secs(seconds), || async {
-        let text = logs(namespace, name);
+        let text = crate::environment::pod_logs(namespace, name);
         text.lines().any(|line| line.starts_with("done ")).then_some(text)
     })
     .await
@@ -410,7 +401,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     refused = serde_json::from_value(value).unwrap();
     pods.create(&PostParams::default(), &refused).await.unwrap();
     let answer = eventually("the superuser's attempt", Duration::from_secs(60), || async {
-        let text = logs(ns, "superuser-through-pooler");
+        let text = crate::environment::pod_logs(ns, "superuser-through-pooler");
         text.contains("exit ").then_some(text)
     })
     .await;
@@ -442,6 +433,24 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
         .await;
     }
     eprintln!("[pooler] Prometheus scraped both pooler pods: up, transactions, waits and the switchover's pause");
+
+    // 5b. A renewed server certificate reaches the PgBouncers without a restart: the Secret
+    // removed, the operator issues a new one, the kubelet swaps the files, the agent RELOADs.
+    let pooler_pod = pooler_pods(&pods).await.into_iter().next().unwrap();
+    let address = kubectl(&["-n", ns, "get", "pod", &pooler_pod, "-o", "jsonpath={.status.podIP}"]);
+    let before = served_certificate_serial(address.trim()).expect("the read-write PgBouncer serves a certificate");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
+    secrets.delete(&format!("{DATABASE}-tls"), &DeleteParams::default()).await.unwrap();
+    let renewed_at = std::time::Instant::now();
+    let after = eventually("PgBouncer serving the renewed certificate", Duration::from_secs(240), || async {
+        served_certificate_serial(address.trim()).filter(|serial| *serial != before)
+    })
+    .await;
+    assert!(pooler_pods(&pods).await.contains(&pooler_pod), "the pod was not replaced");
+    eprintln!(
+        "[figure] pooler: a renewed certificate served {:.0} s after the old Secret was removed (serial {before} to {after}), no restart",
+        renewed_at.elapsed().as_secs_f64()
+    );
 
     // 6. The benchmark: many short-lived clients, straight to PostgreSQL and through the pooler.
     let direct = format!("{DATABASE}.{ns}.svc");
@@ -475,6 +484,18 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     })
     .await;
     psql(&client, node, ns, DATABASE, Target::Uri, "select count(*) from pooled").await.expect("the database stays");
+}
+
+/// The serial of the certificate the read-write PgBouncer at `address` serves (openssl on the
+/// host, PostgreSQL's STARTTLS), None when it cannot be read.
+fn served_certificate_serial(address: &str) -> Option<String> {
+    let script = format!(
+        "timeout 10 openssl s_client -connect {address}:6432 -starttls postgres </dev/null 2>/dev/null | \
+         openssl x509 -noout -serial"
+    );
+    let output = std::process::Command::new("sh").args(["-c", &script]).output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    text.strip_prefix("serial=").map(String::from)
 }
 
 async fn pooler_pods(pods: &Api<Pod>) -> BTreeSet<String> {

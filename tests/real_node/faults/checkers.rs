@@ -87,12 +87,7 @@ pub struct PinnedCommit {
 
 /// The pinned writer's acknowledged commits so far (none while its container starts).
 pub fn pinned_log(namespace: &str) -> Vec<PinnedCommit> {
-    let output = std::process::Command::new(crate::support::tool("kubectl"))
-        .args(["-n", namespace, "logs", PINNED_WRITER])
-        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
-        .output()
-        .expect("kubectl runs");
-    parse_pinned(&String::from_utf8_lossy(&output.stdout))
+    parse_pinned(&crate::environment::pod_logs(namespace, PINNED_WRITER))
 }
 
 fn parse_pinned(text: &str) -> Vec<PinnedCommit> {

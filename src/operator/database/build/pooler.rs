@@ -8,8 +8,8 @@ use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, owner_reference, ChildNames, INSTANCE_LABEL};
 use crate::api::pod::{OPERATOR_BINARY, POSTGRES_PORT};
 use crate::api::pooler::{
-    PoolerSpec, ADMIN_PASSWORD_KEY, AUTH_PASSWORD_KEY, AUTH_QUERY, CONTROL_TOKEN_KEY, POOLER_ADMIN, POOLER_AGENT_PORT,
-    POOLER_ROLE, READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY,
+    PoolerSpec, ADMIN_PASSWORD_KEY, AUTH_PASSWORD_KEY, AUTH_QUERY, CA_DIRECTORY, CONTROL_TOKEN_KEY, POOLER_ADMIN,
+    POOLER_AGENT_PORT, POOLER_ROLE, READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY, TLS_DIRECTORY,
 };
 use crate::operator::database::build::{metadata, restricted_security_context};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
@@ -38,8 +38,6 @@ const POOLER_USER: i64 = 65532;
 /// volume mounted inside another one's directory depends on the runtime making the mount point).
 const CONFIGURATION_DIRECTORY: &str = "/etc/pgbouncer-config";
 const SECRET_DIRECTORY: &str = "/etc/pgbouncer-secret";
-const TLS_DIRECTORY: &str = "/etc/pgbouncer-tls";
-const CA_DIRECTORY: &str = "/etc/pgbouncer-ca";
 /// How long a terminating pooler pod keeps serving after it left the Services' endpoints: new
 /// clients go to the other pods meanwhile, those still connected finish.
 const DRAIN_SECONDS: u32 = 10;
@@ -351,11 +349,12 @@ fn agent_container(database: &DatabaseService, agent_image: &str) -> Container {
             ..Default::default()
         }),
         security_context: Some(restricted_security_context()),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "run".into(),
-            mount_path: RUN_DIRECTORY.into(),
-            ..Default::default()
-        }]),
+        // The certificate files too: a renewed one is loaded by a RELOAD.
+        volume_mounts: Some(vec![
+            VolumeMount { name: "run".into(), mount_path: RUN_DIRECTORY.into(), ..Default::default() },
+            mount("tls", TLS_DIRECTORY),
+            mount("ca", CA_DIRECTORY),
+        ]),
         ..Default::default()
     }
 }
