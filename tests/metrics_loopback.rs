@@ -57,12 +57,12 @@ async fn a_primary_and_its_standby_report_postgresql_in_openmetrics() {
     assert!(value(&text, "dbservice_postgres_wal_written_bytes_total").is_some_and(|bytes| bytes > 0.0), "{text}");
     assert!(value(&text, "dbservice_postgres_max_connections").is_some_and(|limit| limit >= 10.0), "{text}");
     assert!(
-        value(&text, "dbservice_postgres_database_size_bytes{database=\"postgres\"}").is_some_and(|size| size > 1e6),
+        value(&text, "dbservice_postgres_database_size_bytes{datname=\"postgres\"}").is_some_and(|size| size > 1e6),
         "{text}"
     );
-    assert!(value(&text, "dbservice_postgres_transaction_id_age{database=\"template0\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_transaction_id_age{datname=\"template0\"}").is_some(), "{text}");
     assert!(value(&text, "dbservice_postgres_checkpoints_total{kind=\"requested\"}").is_some(), "{text}");
-    assert!(value(&text, "dbservice_postgres_deadlocks_total{database=\"postgres\"}").is_some(), "{text}");
+    assert!(value(&text, "dbservice_postgres_deadlocks_total{datname=\"postgres\"}").is_some(), "{text}");
     assert!(value(&text, "dbservice_postgres_archive_failures_total").is_some(), "{text}");
     assert!(value(&text, "dbservice_postgres_longest_transaction_seconds").is_some(), "{text}");
 

@@ -98,11 +98,11 @@ const QUERIES: &[Query] = &[
     Query { name: "dbservice_postgres_max_connections", help: "max_connections", kind: MetricKind::Gauge,
         sql: "SELECT NULL::text, current_setting('max_connections')::float8", label: None, primary_only: false },
     Query { name: "dbservice_postgres_database_size_bytes", help: "Size of each database", kind: MetricKind::Gauge,
-        sql: "SELECT datname::text, pg_database_size(oid)::float8 FROM pg_database WHERE datallowconn", label: Some("database"), primary_only: false },
+        sql: "SELECT datname::text, pg_database_size(oid)::float8 FROM pg_database WHERE datallowconn", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_transaction_id_age", help: "Age of each database's oldest unfrozen transaction ID (wraparound at 2^31)", kind: MetricKind::Gauge,
-        sql: "SELECT datname::text, age(datfrozenxid)::float8 FROM pg_database", label: Some("database"), primary_only: false },
+        sql: "SELECT datname::text, age(datfrozenxid)::float8 FROM pg_database", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_deadlocks", help: "Deadlocks detected per database", kind: MetricKind::Counter,
-        sql: "SELECT datname::text, deadlocks::float8 FROM pg_stat_database WHERE datname IS NOT NULL", label: Some("database"), primary_only: false },
+        sql: "SELECT datname::text, deadlocks::float8 FROM pg_stat_database WHERE datname IS NOT NULL", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_longest_transaction_seconds", help: "Age of the oldest open client transaction (0 when none)", kind: MetricKind::Gauge,
         sql: "SELECT NULL::text, COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' AND xact_start IS NOT NULL", label: None, primary_only: false },
 ];
@@ -264,7 +264,7 @@ mod tests {
                 name: "dbservice_postgres_deadlocks".into(),
                 help: "Deadlocks".into(),
                 kind: MetricKind::Counter,
-                samples: vec![(vec![("database".into(), "we\"ird\\db".into())], 2.0)],
+                samples: vec![(vec![("datname".into(), "we\"ird\\db".into())], 2.0)],
             },
         ];
         let text = render(&families);
@@ -272,7 +272,7 @@ mod tests {
             text,
             "# TYPE dbservice_postgres_up gauge\n# HELP dbservice_postgres_up 1 when up\ndbservice_postgres_up 1\n\
              # TYPE dbservice_postgres_deadlocks counter\n# HELP dbservice_postgres_deadlocks Deadlocks\n\
-             dbservice_postgres_deadlocks_total{database=\"we\\\"ird\\\\db\"} 2\n# EOF\n"
+             dbservice_postgres_deadlocks_total{datname=\"we\\\"ird\\\\db\"} 2\n# EOF\n"
         );
     }
 

@@ -37,18 +37,11 @@ pub struct Pool {
 /// behind it, within `timeout`.
 pub async fn login(pool: Pool, password: &str, database: &str, timeout: Duration) -> Result<(), AdminCommandError> {
     let work = async {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host_path(format!("{RUN_DIRECTORY}/{}", pool.name))
-            .port(pool.port)
-            .user(POOLER_ROLE)
-            .password(password)
-            .dbname(database)
-            .connect_timeout(timeout);
-        let (client, connection) = config
-            .connect(NoTls)
-            .await
-            .map_err(|error| AdminCommandError::Connect { pool: pool.name, detail: describe(&error) })?;
+        let (client, connection) =
+            socket_config(pool, POOLER_ROLE, password, database, timeout)
+                .connect(NoTls)
+                .await
+                .map_err(|error| AdminCommandError::Connect { pool: pool.name, detail: describe(&error) })?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
@@ -65,6 +58,20 @@ pub async fn login(pool: Pool, password: &str, database: &str, timeout: Duration
     })?
 }
 
+/// A connection to `pool` over its unix socket in the pod (no TLS there: PgBouncer requires it
+/// of network clients only).
+fn socket_config(pool: Pool, user: &str, password: &str, database: &str, timeout: Duration) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(format!("{RUN_DIRECTORY}/{}", pool.name))
+        .port(pool.port)
+        .user(user)
+        .password(password)
+        .dbname(database)
+        .connect_timeout(timeout);
+    config
+}
+
 fn describe(error: &tokio_postgres::Error) -> String {
     error.as_db_error().map_or_else(|| error.to_string(), |db| db.message().to_string())
 }
@@ -77,15 +84,7 @@ pub async fn run(
     timeout: Duration,
 ) -> Result<Vec<BTreeMap<String, String>>, AdminCommandError> {
     let work = async {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host_path(format!("{RUN_DIRECTORY}/{}", pool.name))
-            .port(pool.port)
-            .user(POOLER_ADMIN)
-            .password(password)
-            .dbname("pgbouncer")
-            .connect_timeout(COMMAND_TIMEOUT);
-        let (client, connection) = config
+        let (client, connection) = socket_config(pool, POOLER_ADMIN, password, "pgbouncer", COMMAND_TIMEOUT)
             .connect(NoTls)
             .await
             .map_err(|error| AdminCommandError::Connect { pool: pool.name, detail: error.to_string() })?;

@@ -52,7 +52,7 @@ pub fn families(rows: &[PoolRows], counters: &PauseCounters) -> Vec<Family> {
             let labels = |state: &str| {
                 vec![
                     pool_label.clone(),
-                    ("database".into(), row.get("database").cloned().unwrap_or_default()),
+                    ("datname".into(), row.get("database").cloned().unwrap_or_default()),
                     ("user".into(), row.get("user").cloned().unwrap_or_default()),
                     ("state".into(), state.into()),
                 ]
@@ -75,8 +75,7 @@ pub fn families(rows: &[PoolRows], counters: &PauseCounters) -> Vec<Family> {
             max_wait.samples.push((wait_labels, wait));
         }
         for row in pool.stats.iter().flatten() {
-            let labels =
-                vec![pool_label.clone(), ("database".into(), row.get("database").cloned().unwrap_or_default())];
+            let labels = vec![pool_label.clone(), ("datname".into(), row.get("database").cloned().unwrap_or_default())];
             transactions.samples.extend(number(row, "total_xact_count").map(|value| (labels.clone(), value)));
             queries.samples.extend(number(row, "total_query_count").map(|value| (labels.clone(), value)));
             waited.samples.extend(number(row, "total_wait_time").map(|value| (labels.clone(), value / 1e6)));
@@ -136,13 +135,11 @@ mod tests {
         assert!(text.contains("dbservice_pooler_up{pool=\"rw\"} 1\n"), "{text}");
         assert!(text.contains("dbservice_pooler_up{pool=\"ro\"} 0\n"), "{text}");
         assert!(text.contains(
-            "dbservice_pooler_client_connections{pool=\"rw\",database=\"app\",user=\"app_user\",state=\"waiting\"} 2\n"
+            "dbservice_pooler_client_connections{pool=\"rw\",datname=\"app\",user=\"app_user\",state=\"waiting\"} 2\n"
         ));
-        assert!(
-            text.contains("dbservice_pooler_max_wait_seconds{pool=\"rw\",database=\"app\",user=\"app_user\"} 1.5\n")
-        );
-        assert!(text.contains("dbservice_pooler_transactions_total{pool=\"rw\",database=\"app\"} 42\n"));
-        assert!(text.contains("dbservice_pooler_client_wait_seconds_total{pool=\"rw\",database=\"app\"} 2\n"));
+        assert!(text.contains("dbservice_pooler_max_wait_seconds{pool=\"rw\",datname=\"app\",user=\"app_user\"} 1.5\n"));
+        assert!(text.contains("dbservice_pooler_transactions_total{pool=\"rw\",datname=\"app\"} 42\n"));
+        assert!(text.contains("dbservice_pooler_client_wait_seconds_total{pool=\"rw\",datname=\"app\"} 2\n"));
         assert!(text.contains("dbservice_pooler_paused 1\n"));
         assert!(text.contains("dbservice_pooler_pauses_total 2\n"));
     }

@@ -421,7 +421,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     }
     for expression in [
         "count(dbservice_pooler_up == 1) == 4",
-        "sum(dbservice_pooler_transactions_total{pool=\"rw\", database=\"app\"}) > 0",
+        "sum(dbservice_pooler_transactions_total{pool=\"rw\", datname=\"app\"}) > 0",
         "dbservice_pooler_client_connections{pool=\"rw\"}",
         "dbservice_pooler_client_wait_seconds_total{pool=\"rw\"}",
         "dbservice_pooler_max_wait_seconds",
