@@ -107,7 +107,8 @@ wait_until() {
 install_packages() {
   local command missing=()
   declare -A needed=([containerd]=containerd [runc]=runc [iptables]=iptables [conntrack]=conntrack
-    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [/usr/sbin/pgbouncer]=pgbouncer)
+    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [/usr/sbin/pgbouncer]=pgbouncer
+    [mkfs.ext4]=e2fsprogs [losetup]=mount)
   for command in "${!needed[@]}"; do command -v "$command" >/dev/null || missing+=("${needed[$command]}"); done
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   [ -x /bin/busybox ] || missing+=(busybox-static)
