@@ -6,10 +6,10 @@
 //! In order: a planned switchover under a session writer (one pooler session, as an application
 //! with a connection pool) and pgbench on both pools (persistent connections), which must see no
 //! error and lose no commit, the longest wait printed, and under a writer opening a pooler
-//! connection per commit (its errors printed: a login during the pause is not yet error-free); a
+//! connection per commit (a login during the pause waits for it, within its 10 s connect timeout); a
 //! failover (the primary's pod deleted), errors and RTO printed; the pooler pods rolled (a new
-//! parameter) under pgbench with a connection per transaction (what it cost printed, the writer
-//! committing again asserted); the superuser refused by the pooler; the pools' metrics; the
+//! parameter) under pgbench with a connection per transaction (no client aborted, no transaction
+//! failed; the session writer committing again); the superuser refused by the pooler; the pools' metrics; the
 //! benchmark of short-lived clients with and without the pooler (`[figure]` lines, not
 //! asserted); a parameter of the operator's refused at admission; the pooler removed.
 
@@ -29,8 +29,10 @@ use std::time::Duration;
 /// Commits through the read-write pooler Service, a new client connection each time (what an
 /// application without its own pool does); one line per attempt: `ack <id> <epoch> <microseconds
 /// it took>` or `fail <id> <epoch> <message>`.
+/// Its connect timeout is longer than a switchover's pause (about 3 s): a login that arrives
+/// during the pause waits for it, like the transactions do.
 const POOLED_WRITER: &str = r#"
-export PGCONNECT_TIMEOUT=3 PGHOST="$DATABASE-pooler.$NAMESPACE.svc" PGSSLMODE=verify-full
+export PGCONNECT_TIMEOUT=10 PGHOST="$DATABASE-pooler.$NAMESPACE.svc" PGSSLMODE=verify-full
 until psql -X -q -c "create table if not exists pooled (id bigint primary key, at double precision)"; do sleep 1; done
 echo ready
 i=0
@@ -40,7 +42,7 @@ while :; do
   if error=$(busybox timeout -s KILL 20 psql -X -q -v ON_ERROR_STOP=1 -c "insert into pooled values ($i, $EPOCHREALTIME)" 2>&1); then
     echo "ack $i $started $(( ${EPOCHREALTIME/./} - ${started/./} ))"
   else
-    echo "fail $i $started $(echo "$error" | tr '\n' ' ' | cut -c1-160)"
+    echo "fail $i $started exit $?: $(echo "$error" | tr '\n' ' ' | cut -c1-160)"
     sleep 0.2
   fi
   sleep 0.05
@@ -307,6 +309,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     assert!(session_errors.is_empty(), "an application session saw errors during a switchover: {session_errors:?}");
     assert_eq!(session_lost, 0, "a switchover loses no acknowledged commit of the session");
     assert_eq!(lost, 0, "a switchover loses no acknowledged commit");
+    assert!(errors.is_empty(), "a new connection during a switchover failed (its connect timeout is 10 s): {errors:?}");
     assert_no_client_error("pgbench-rw", &rw_report);
     assert_no_client_error("pgbench-ro", &ro_report);
     let reasons = kubectl(&["-n", ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
@@ -368,7 +371,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
         session_log.iter().filter(|attempt| attempt.outcome.is_err()).count(),
     );
     if aborted > 0 {
-        // Not yet understood (see the README): what the pods that replaced the old ones said.
+        // What the pods that replaced the old ones said, before the assertion below fails.
         let output = std::process::Command::new(crate::support::tool("kubectl"))
             .args(["-n", ns, "logs", "-l", "app.kubernetes.io/component=pooler", "--all-containers", "--prefix"])
             .arg("--tail=30")
@@ -378,6 +381,9 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
         let text = String::from_utf8_lossy(&output.stdout);
         eprintln!("[pooler] the new pooler pods after a roll that aborted clients:\n{text}");
     }
+    assert_eq!(aborted, 0, "a roll of the pooler pods aborted clients at connect:\n{roll_report}");
+    let failed = roll_report.lines().find(|line| line.starts_with("number of failed transactions"));
+    assert!(failed.is_none_or(|line| line.contains(": 0 ")), "a roll failed transactions: {failed:?}");
     // Whatever a roll costs a connected session, the application's next session commits again.
     eventually("the session writer committing after the roll", Duration::from_secs(60), || async {
         let log = attempts_of(ns, "session-writer");
