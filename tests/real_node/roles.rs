@@ -76,8 +76,8 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
     let queries = serde_json::json!({
         "metadata": {"name": "app-queries"},
-        "data": {"queries.json": r#"[{"name": "current_database_owner", "labels": ["database", "owner"],
-            "query": "SELECT current_database() AS database, current_user AS owner, 1 AS value"}]"#},
+        "data": {"queries.json": r#"[{"name": "current_database_owner", "labels": ["datname", "owner"],
+            "query": "SELECT current_database() AS datname, current_user AS owner, 1 AS value"}]"#},
     });
     config_maps.create(&PostParams::default(), &serde_json::from_value(queries).unwrap()).await.unwrap();
     database.spec.monitoring = Some(dbservice_operator::api::monitoring::MonitoringSpec {
@@ -130,8 +130,8 @@ async fn declared_roles_and_databases_are_created_kept_rotated_and_removed() {
     for line in ["dbservice_postgres_up 1", "dbservice_postgres_primary 1", "# EOF"] {
         assert!(metrics.lines().any(|sample| sample == line), "{line:?} missing from:\n{metrics}");
     }
-    assert!(metrics.contains("dbservice_postgres_database_size_bytes{database=\"analytics\"}"), "{metrics}");
-    let user_metric = "dbservice_user_current_database_owner{database=\"app\",owner=\"app_user\"} 1";
+    assert!(metrics.contains("dbservice_postgres_database_size_bytes{datname=\"analytics\"}"), "{metrics}");
+    let user_metric = "dbservice_user_current_database_owner{datname=\"app\",owner=\"app_user\"} 1";
     assert!(metrics.lines().any(|sample| sample == user_metric), "{user_metric:?} missing from:\n{metrics}");
     assert!(metrics.lines().any(|sample| sample == "dbservice_postgres_scrape_errors 0"), "{metrics}");
 
