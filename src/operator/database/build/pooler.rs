@@ -540,6 +540,8 @@ mod tests {
         assert!(read_write.contains("server_lifetime = 600\n"));
         assert_eq!(read_write.matches("server_check_delay").count(), 1, "the user's value replaces ours");
         assert!(read_write.contains("server_check_delay = 5\n"));
+        // A failed server login must not shut the pool's clients out for PgBouncer's 15 s.
+        assert!(read_write.contains("server_login_retry = 1\n"), "{read_write}");
         let read_only = &data["ro.ini"];
         assert!(read_only.contains("* = host=orders-replicas.shop.svc port=5432\n"), "{read_only}");
         assert!(read_only.contains("listen_port = 6433\n"));
