@@ -87,6 +87,11 @@ pub struct WebhookArgs {
     /// Smallest spec.storageSize accepted (a Kubernetes quantity).
     #[arg(long, env = "DBSERVICE_MIN_STORAGE_SIZE", default_value = "1Gi", value_parser = quantity)]
     pub min_storage_size: String,
+    /// Image prefixes (a registry, `registry/`, or `registry/path/`) that spec.image and
+    /// spec.pooler.image must start with, comma-separated; empty allows any image. Enforced at
+    /// admission and again by the controller.
+    #[arg(long, env = "DBSERVICE_ALLOWED_IMAGE_PREFIXES", value_delimiter = ',', num_args = 0..)]
+    pub allowed_image_prefixes: Vec<String>,
     /// Connections open at once to the admission port; more clients wait in the listen backlog.
     #[arg(long, env = "DBSERVICE_MAX_CONNECTIONS", default_value_t = crate::admission::limits::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
     pub max_connections: usize,

@@ -48,13 +48,11 @@ async fn start_servers(
         .map_err(|error| anyhow::anyhow!("--tls-cert/--tls-key: {error}"))?;
     let mut state = AdmissionState::new(&args.min_storage_size, metrics.clone())
         .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
-        .with_limits(RequestLimits::new(args.max_concurrent_requests));
+        .with_limits(RequestLimits::new(args.max_concurrent_requests))
+        .with_allowed_image_prefixes(args.allowed_image_prefixes.clone());
     if let Some(client) = client {
-        state = state
-            .with_secret_access(Arc::new(crate::admission::secret_access::KubeSecretAccessReviewer::new(
-                client.clone(),
-            )))
-            .with_recovery_sources(Arc::new(crate::admission::recovery_source::KubeStoreReader::new(client)));
+        state =
+            state.with_secret_access(Arc::new(crate::admission::secret_access::KubeSecretAccessReviewer::new(client)));
     }
     let limits = ServerLimits { max_connections: args.max_connections, ..ServerLimits::default() };
     let webhook_listener = bind(args.listen, "--listen").await?;
@@ -131,6 +129,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         settings: ControllerSettings {
             min_storage_size: args.webhook.min_storage_size.clone(),
+            allowed_image_prefixes: args.webhook.allowed_image_prefixes.clone(),
             progress_deadline: Duration::from_secs(args.progress_deadline_seconds),
             unhealthy_threshold: Duration::from_secs(args.unhealthy_threshold_seconds),
             restart_backoff: Duration::from_secs(args.restart_backoff_seconds),

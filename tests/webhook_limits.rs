@@ -222,3 +222,30 @@ async fn a_legitimate_request_is_answered_quickly_while_slow_clients_hold_connec
     let took = started.elapsed();
     assert!(took < Duration::from_millis(100), "took {took:?}");
 }
+
+/// Issue 37: clients that were answered once and then trickle their next body (or were answered
+/// 408 for a trickled one) used to keep their slots for good; at the cap, a new connection (the
+/// apiserver's) waited for a timeout. Now a connection busy without an answer is closed for a
+/// newcomer, however it began.
+#[tokio::test]
+async fn a_new_connection_is_answered_while_clients_answered_once_trickle_their_next_body() {
+    let limits = ServerLimits { max_connections: 32, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let server = start(limits).await;
+    // Every slot: a client answered once, now trickling its next body.
+    let mut tricklers = Vec::new();
+    for _ in 0..32 {
+        let mut stream = server.connect().await;
+        assert_eq!(exchange(&mut stream).await, "HTTP/1.1 200 OK");
+        stream.write_all(b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\n\r\n{").await.unwrap();
+        stream.flush().await.unwrap();
+        tricklers.push(stream);
+    }
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let mut fresh = tokio::time::timeout(Duration::from_secs(3), server.connect()).await.expect("a slot in time");
+        assert_eq!(exchange(&mut fresh).await, "HTTP/1.1 200 OK");
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(slowest < Duration::from_secs(1), "a fresh connection waited {slowest:?} behind trickling clients");
+}

@@ -15,7 +15,6 @@ pub mod mutation;
 pub mod placement_validation;
 pub mod pooler_validation;
 pub mod postgresql_validation;
-pub mod recovery_source;
 pub mod review;
 pub mod roles_validation;
 pub mod secret_access;

@@ -11,7 +11,6 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
@@ -168,13 +167,20 @@ pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: wa
     drain(graceful).await;
 }
 
-/// `router`, marking the connection of `slot` as served once it has produced a response.
+/// `router`, marking the connection of `slot` busy when a request begins and kept once it is
+/// answered with success (a 400, 408 or 413 keeps nothing: the apiserver never earns them).
 fn marks_served(router: Router, slot: &ConnectionSlot) -> Router {
-    let served = slot.served.clone();
-    router.layer(tower::util::MapResponseLayer::new(move |response: axum::response::Response| {
-        served.store(true, Ordering::Release);
-        response
-    }))
+    let on_request = slot.marks.clone();
+    let on_response = slot.marks.clone();
+    router
+        .layer(tower::util::MapResponseLayer::new(move |response: axum::response::Response| {
+            on_response.answered(response.status().is_success());
+            response
+        }))
+        .layer(tower::util::MapRequestLayer::new(move |request: axum::extract::Request| {
+            on_request.request_started();
+            request
+        }))
 }
 
 /// Runs a connection's task until it ends or its slot is claimed for a newcomer (which closes

@@ -47,6 +47,9 @@ pub struct ValidationSettings {
     pub min_storage_bytes: u128,
     /// Today's date, for end-of-life warnings.
     pub today: NaiveDate,
+    /// Prefixes `spec.image` and `spec.pooler.image` must start with (the operator's
+    /// `--allowed-image-prefixes`); empty allows any image.
+    pub allowed_image_prefixes: Vec<String>,
 }
 
 impl ValidationSettings {
@@ -56,23 +59,36 @@ impl ValidationSettings {
             min_storage_bytes: parse_bytes(min_storage_size)?,
             min_storage_size: min_storage_size.to_string(),
             today: chrono::Utc::now().date_naive(),
+            allowed_image_prefixes: Vec::new(),
         })
+    }
+
+    /// The same settings allowing only images that start with one of `prefixes` (none: any).
+    pub fn with_allowed_image_prefixes(self, mut prefixes: Vec<String>) -> Self {
+        // An empty flag (`--allowed-image-prefixes=`) means no policy, not an empty prefix.
+        prefixes.retain(|prefix| !prefix.trim().is_empty());
+        Self { allowed_image_prefixes: prefixes, ..self }
+    }
+
+    /// The settings of the in-pod agents, which re-check the spec before carrying it out: the
+    /// storage minimum and the image policy are the operator's business (the agents act on neither).
+    pub fn for_agents() -> Self {
+        Self::new("0").expect("0 is a quantity")
     }
 }
 
 /// Validates a DatabaseService, on creation (`old` is None) or on update.
 ///
-/// Objects being deleted and updates that leave the spec unchanged (status, finalizers,
-/// labels) are never blocked, so that the controller can always finish its work.
+/// Updates that leave the spec unchanged (status, finalizers, labels) are never blocked, so that
+/// the controller can always finish its work. An object being deleted is validated like any
+/// other: while a finalizer holds it, its spec can still change, and the operator and the agents
+/// act on it until it is gone.
 pub fn validate(
     object: &DatabaseService,
     old: Option<&DatabaseService>,
     settings: &ValidationSettings,
 ) -> ValidationOutcome {
     let mut outcome = ValidationOutcome::default();
-    if object.metadata.deletion_timestamp.is_some() {
-        return outcome;
-    }
     if let Some(old) = old {
         if old.spec == object.spec {
             return outcome;
@@ -107,6 +123,10 @@ pub fn validate(
     }
     if let Some(image) = spec.image.as_deref() {
         validate_image(image, &mut outcome.errors);
+        validate_image_source("spec.image", image, &settings.allowed_image_prefixes, &mut outcome.errors);
+    }
+    if let Some(image) = spec.pooler.as_ref().and_then(|pooler| pooler.image.as_deref()) {
+        validate_image_source("spec.pooler.image", image, &settings.allowed_image_prefixes, &mut outcome.errors);
     }
     if let Some(storage_class) = spec.storage_class_name.as_deref() {
         validate_storage_class(storage_class, &mut outcome.errors);
@@ -154,6 +174,13 @@ pub fn validate(
     outcome.warnings = warnings(spec, settings);
     outcome.warnings.extend(postgresql_warnings);
     outcome
+}
+
+/// Why the one validation function refuses `database`'s spec for an in-pod agent, if it does:
+/// agents re-check before carrying a spec out, whatever the object's state.
+pub fn refusal_for_agents(database: &DatabaseService) -> Option<String> {
+    let outcome = validate(database, None, &ValidationSettings::for_agents());
+    (!outcome.is_allowed()).then(|| outcome.message())
 }
 
 /// Longest failover delay and switchover timeout, in seconds.
@@ -289,6 +316,22 @@ pub fn image_tag(image: &str) -> Option<&str> {
 
 fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
     crate::admission::image_reference::validate_image_at("spec.image", image, errors);
+}
+
+/// The platform team's bound on where images come from (`--allowed-image-prefixes`).
+fn validate_image_source(path: &str, image: &str, allowed: &[String], errors: &mut Vec<FieldError>) {
+    if allowed.is_empty() || allowed.iter().any(|prefix| image.starts_with(prefix.as_str())) {
+        return;
+    }
+    errors.push(FieldError {
+        path: path.into(),
+        kind: FieldErrorKind::Forbidden,
+        detail: format!(
+            "{:?} is not from an allowed registry: this operator runs images starting with {} only",
+            shown(image),
+            allowed.iter().map(|prefix| format!("{prefix:?}")).collect::<Vec<_>>().join(", ")
+        ),
+    });
 }
 
 fn validate_storage_class(name: &str, errors: &mut Vec<FieldError>) {
@@ -433,4 +476,38 @@ fn warnings(spec: &DatabaseServiceSpec, settings: &ValidationSettings) -> Vec<St
         );
     }
     warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_images(image: &str, pooler_image: Option<&str>) -> DatabaseService {
+        let mut database: DatabaseService = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": {"version": "16", "storageSize": "10Gi", "databaseName": "app", "username": "app_user",
+                     "image": image},
+        }))
+        .unwrap();
+        if let Some(pooler_image) = pooler_image {
+            database.spec.pooler = Some(serde_json::from_value(serde_json::json!({"image": pooler_image})).unwrap());
+        }
+        database
+    }
+
+    #[test]
+    fn images_outside_the_allowed_prefixes_are_refused_and_any_image_passes_without_a_policy() {
+        let settings = ValidationSettings::new("1Gi").unwrap();
+        let restricted = settings.clone().with_allowed_image_prefixes(vec!["registry.corp.example/".into()]);
+        let allowed = with_images("registry.corp.example/postgres:16.4", Some("registry.corp.example/pgbouncer:1.24"));
+        assert!(validate(&allowed, None, &restricted).errors.is_empty());
+        let foreign = with_images("postgres:16.4", Some("evil.example/pgbouncer:1.24"));
+        let errors: Vec<String> =
+            validate(&foreign, None, &restricted).errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("spec.image: Forbidden: \"postgres:16.4\" is not from an allowed registry"));
+        assert!(errors[1].starts_with("spec.pooler.image: Forbidden:") && errors[1].contains("registry.corp.example/"));
+        assert!(validate(&foreign, None, &settings).errors.is_empty(), "no policy: any image");
+    }
 }

@@ -5,7 +5,7 @@ pub use crate::admission::limits::{RequestLimits, BODY_LIMIT_BYTES};
 use crate::admission::mutation::default_patch;
 use crate::admission::review::{parse_request, Admission, Operation, Refusal};
 use crate::admission::validation::{validate, ValidationSettings};
-use crate::admission::{recovery_source, review, secret_access};
+use crate::admission::{review, secret_access};
 use crate::metrics::{AdmissionLabels, DenialLabels, Metrics, WebhookLabels};
 use crate::quantity::parse_bytes;
 use axum::body::Body;
@@ -29,11 +29,16 @@ pub struct AdmissionState {
     pub metrics: Arc<Metrics>,
     /// Size, time and concurrency bounds.
     pub limits: RequestLimits,
-    /// Reads the stores of a recovering DatabaseService on CREATE; without it (a webhook
-    /// without Kubernetes access) such objects are admitted with a warning.
-    pub recovery_sources: Option<Arc<dyn recovery_source::RecoverySourceReader>>,
+    /// Image prefixes `spec.image` and `spec.pooler.image` must start with (empty: any).
+    pub allowed_image_prefixes: Vec<String>,
     /// Asks whether the requesting user may read the Secrets a DatabaseService names; without it
-    /// (a webhook without Kubernetes access, which reads no Secret either) nothing is asked.
+    /// (a webhook without Kubernetes access) nothing is asked.
+    ///
+    /// This is the webhook's only call out, and it is a question, not a read: the review's
+    /// `userInfo` is believed because only the apiserver's reviews have any effect (it stores the
+    /// object only on its own, authenticated request); a forged review gets an answer nobody acts
+    /// on. Nothing else admission does reads a Secret or contacts a store (see the README's
+    /// security section): admission has no side effects but its answer.
     pub secret_access: Option<Arc<dyn secret_access::SecretAccessReviewer>>,
 }
 
@@ -45,14 +50,14 @@ impl AdmissionState {
             min_storage_size: min_storage_size.to_string(),
             metrics,
             limits: RequestLimits::default(),
-            recovery_sources: None,
+            allowed_image_prefixes: Vec::new(),
             secret_access: None,
         })
     }
 
-    /// The same state reading recovery sources with `reader`.
-    pub fn with_recovery_sources(self, reader: Arc<dyn recovery_source::RecoverySourceReader>) -> Self {
-        Self { recovery_sources: Some(reader), ..self }
+    /// The same state allowing only images that start with one of `prefixes` (none: any).
+    pub fn with_allowed_image_prefixes(self, prefixes: Vec<String>) -> Self {
+        Self { allowed_image_prefixes: prefixes, ..self }
     }
 
     /// The same state asking `reviewer` whether a requester may read the Secrets they name.
@@ -66,7 +71,9 @@ impl AdmissionState {
     }
 
     fn settings(&self) -> ValidationSettings {
-        ValidationSettings::new(&self.min_storage_size).expect("checked in AdmissionState::new")
+        ValidationSettings::new(&self.min_storage_size)
+            .expect("checked in AdmissionState::new")
+            .with_allowed_image_prefixes(self.allowed_image_prefixes.clone())
     }
 }
 
@@ -258,9 +265,7 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
             Ok(admission) => {
                 let mut decision = decide(&state, &parsed.uid, &admission);
                 if webhook == "validate" {
-                    // Before anything reads a Secret or contacts a store.
                     check_secret_access(&state, &admission, &mut decision).await;
-                    check_recovery_source(&state, &admission, &mut decision).await;
                 }
                 (admission.operation.as_str(), decision)
             }
@@ -310,32 +315,6 @@ async fn check_secret_access(state: &AdmissionState, admission: &Admission, deci
     decision.response.warnings = warnings;
     decision.result = "denied";
     decision.denial_reasons = vec!["FieldValueForbidden"];
-}
-
-/// The store-dependent rules of an admitted CREATE with `spec.bootstrap.recovery`
-/// ([`recovery_source`]): a denial, or a warning when the stores could not be read.
-async fn check_recovery_source(state: &AdmissionState, admission: &Admission, decision: &mut Decision) {
-    let Some(object) = admission.object.as_ref() else { return };
-    let recovering = object.spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
-    if admission.operation != Operation::Create || !recovering || !decision.response.allowed {
-        return;
-    }
-    let verdict = match &state.recovery_sources {
-        Some(reader) => recovery_source::check(reader.as_ref(), object).await,
-        None => recovery_source::verdict(object, Err("this webhook runs without Kubernetes access".into())),
-    };
-    match verdict {
-        recovery_source::StoreVerdict::Allow => {}
-        recovery_source::StoreVerdict::Warn(warning) => decision.response.warnings.push(warning),
-        recovery_source::StoreVerdict::Deny(errors) => {
-            let outcome = crate::admission::validation::ValidationOutcome { errors, warnings: Vec::new() };
-            let warnings = std::mem::take(&mut decision.response.warnings);
-            decision.response = review::Response::deny(&decision.response.uid, "Invalid", 422, outcome.message());
-            decision.response.warnings = warnings;
-            decision.result = "denied";
-            decision.denial_reasons = outcome.errors.iter().map(|error| error.reason()).collect();
-        }
-    }
 }
 
 async fn validate_handler(State(state): State<AdmissionState>, request: Request) -> Response {

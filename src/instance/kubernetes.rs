@@ -80,7 +80,14 @@ pub fn watch_database(api: Api<DatabaseService>, name: &str) -> watch::Receiver<
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(database) | watcher::Event::InitApply(database)) => {
-                    sender.send_replace(Some(Arc::new(database)));
+                    // The agent carries out only a spec the one validation function accepts (an
+                    // object stored past the webhook keeps the last accepted spec in force).
+                    match crate::admission::validation::refusal_for_agents(&database) {
+                        None => {
+                            sender.send_replace(Some(Arc::new(database)));
+                        }
+                        Some(reason) => tracing::warn!(%reason, "not carrying out a spec validation refuses"),
+                    }
                 }
                 Ok(watcher::Event::Delete(_)) => {
                     sender.send_replace(None);

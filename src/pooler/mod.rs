@@ -306,6 +306,10 @@ async fn observe(databases: &kube::Api<DatabaseService>, name: &str) -> Option<(
             return None;
         }
     };
+    if let Some(reason) = crate::admission::validation::refusal_for_agents(&database) {
+        tracing::warn!(%reason, "not carrying out a spec validation refuses");
+        return None;
+    }
     let pooled = crate::api::declarations::declarations(&database).pooled_databases;
     let failover = database.status.map(|status| status.failover).unwrap_or_default();
     let observed = Observed {

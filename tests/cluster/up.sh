@@ -375,6 +375,17 @@ launch_etcd() {
 
 launch_apiserver() {
   log "starting kube-apiserver $KUBERNETES_VERSION on https://127.0.0.1:$APISERVER_PORT"
+  # The audit log records who read which Secret (metadata only, no values): the trust-boundary tests
+  # read it to prove that a forged admission review makes the operator read none (issue 37).
+  cat >"$RUN/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    resources: [{group: "", resources: [secrets]}]
+  - level: None
+POLICY
   # --advertise-address: without it the apiserver looks for a default-route address.
   # --endpoint-reconciler-type=none: there is no real apiserver endpoint for the kubernetes Service.
   # --kubelet-*: the real node's kubelet (real-node.sh) is reached by its InternalIP (its hostname does
@@ -412,6 +423,9 @@ launch_apiserver() {
     --kubelet-preferred-address-types=InternalIP,Hostname \
     --enable-aggregator-routing=true \
     --enable-admission-plugins=PodNodeSelector,PodTolerationRestriction \
+    --audit-policy-file="$RUN/audit-policy.yaml" \
+    --audit-log-path="$LOGS/audit.log" \
+    --audit-log-format=json \
     --profiling=false
 }
 

@@ -34,4 +34,5 @@ mod security;
 mod support;
 mod synchronous;
 mod tls;
+mod trust;
 mod upgrade;

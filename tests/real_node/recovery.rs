@@ -1,7 +1,7 @@
 //! Backups and recovery as a user runs them, on the real node with moto_server on the host: a
 //! DatabaseService archives, an on-demand DatabaseServiceBackup and a scheduled one complete
-//! through the operator's Jobs, the webhook refuses a target beyond the archive after reading the
-//! store, and a NEW DatabaseService recovering to a time between two batches of rows serves
+//! through the operator's Jobs, the controller refuses a target beyond the archive after reading the
+//! store (before any pod or volume), and a NEW DatabaseService recovering to a time between two batches of rows serves
 //! exactly the rows written before it, on its primary and on the standby cloned from it, while
 //! archiving into its own path.
 
@@ -12,20 +12,24 @@ use crate::environment::{
 use crate::object_store::{moto_server, skip_or_fail, Store, PREFIX};
 use crate::support::{create_store_secret, eventually};
 use dbservice_operator::api::backup::{BootstrapSpec, RecoverySpec, RecoveryTargetSpec};
-use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use dbservice_operator::api::database_service_backup::{
     BackupPhase, DatabaseServiceBackup, DatabaseServiceBackupSpec, DatabaseServiceBackupStatus,
 };
 use dbservice_operator::api::recovery::{RecoveryPhase, RECOVERED_CONDITION};
 use dbservice_operator::operator::backup::scheduler::SCHEDULED_AT_ANNOTATION;
+use dbservice_operator::operator::database::recovery_source::TARGET_OUTSIDE_ARCHIVE;
 use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use std::time::Duration;
 
 const SOURCE: &str = "orders";
 const RESTORED: &str = "restored";
+/// A recovery to a time beyond the archive.
+const TOO_LATE: &str = "too-late";
 
 /// The status of a backup once it completed (a failure ends the wait with its message).
 pub(crate) async fn completed(backups: &Api<DatabaseServiceBackup>, name: &str) -> DatabaseServiceBackupStatus {
@@ -127,11 +131,47 @@ async fn scheduled_and_on_demand_backups_complete_and_a_new_database_recovers_to
     })
     .await;
 
-    // The webhook reads the store: a time after the last archived WAL is refused at once.
+    // The controller reads the store before it makes anything: a time after the last archived WAL
+    // stops the database (Recovered=False, phase Failed, a Warning event) with no pod and no volume.
+    // Admission reads no store (issue 37): the object is admitted.
     let late = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    let refused = databases.create(&PostParams::default(), &recovering_to(node, &store.endpoint, &late, 1)).await;
-    let message = format!("{:?}", refused.expect_err("a target beyond the archive is denied"));
+    let mut too_late = recovering_to(node, &store.endpoint, &late, 1);
+    too_late.metadata.name = Some(TOO_LATE.into());
+    too_late.spec.backup = Some(archiving(&store.endpoint, TOO_LATE));
+    let checked = std::time::Instant::now();
+    databases.create(&PostParams::default(), &too_late).await.expect("admission reads no store");
+    let message = eventually("the target outside the archive is refused", Duration::from_secs(60), || async {
+        let status = databases.get(TOO_LATE).await.ok()?.status?;
+        let condition = status.conditions.iter().find(|condition| condition.type_ == RECOVERED_CONDITION)?;
+        (condition.reason == TARGET_OUTSIDE_ARCHIVE && condition.status == "False").then(|| {
+            assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+            condition.message.clone()
+        })
+    })
+    .await;
+    eprintln!(
+        "a target outside the archive refused by the controller {:.1} s after create",
+        checked.elapsed().as_secs_f64()
+    );
     assert!(message.contains("outside the recoverable window"), "{message}");
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    eventually("the TargetOutsideArchive Warning event", Duration::from_secs(30), || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|event| {
+            event.reason.as_deref() == Some(TARGET_OUTSIDE_ARCHIVE) && event.type_.as_deref() == Some("Warning")
+        })
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let mine = |name: &str| name.starts_with(&format!("{TOO_LATE}-"));
+    let pod_names: Vec<String> =
+        pods.list(&ListParams::default()).await.unwrap().items.iter().map(|pod| pod.name_any()).collect();
+    let claim_names: Vec<String> =
+        claims.list(&ListParams::default()).await.unwrap().items.iter().map(|claim| claim.name_any()).collect();
+    assert!(!pod_names.iter().any(|name| mine(name)), "no pod for a refused recovery: {pod_names:?}");
+    assert!(!claim_names.iter().any(|name| mine(name)), "no volume for a refused recovery: {claim_names:?}");
+    databases.delete(TOO_LATE, &Default::default()).await.unwrap();
 
     // The recovery: a new database, two instances, the target between batches 1 and 2.
     let started = std::time::Instant::now();

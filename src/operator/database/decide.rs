@@ -295,7 +295,9 @@ fn stopped_by_pause_or_invalid_spec(
         min_storage_bytes: parse_bytes(&settings.min_storage_size).unwrap_or(0),
         min_storage_size: settings.min_storage_size.clone(),
         today: now.date_naive(),
-    };
+        allowed_image_prefixes: Vec::new(),
+    }
+    .with_allowed_image_prefixes(settings.allowed_image_prefixes.clone());
     let outcome = validate(database, None, &validation);
     if !outcome.is_allowed() {
         let message = outcome.message();

@@ -25,6 +25,7 @@ pub mod pod_replacement;
 pub mod pooler;
 mod reconcile;
 pub mod recovery;
+pub mod recovery_source;
 pub mod settings;
 pub mod stateful_set_replacement;
 pub mod summary;

@@ -11,6 +11,7 @@ use crate::operator::database::decide::{credentials_conflict, decide, journal_ap
 use crate::operator::database::error::ReconcileError;
 use crate::operator::database::failover::clock::running_timer;
 use crate::operator::database::observe::{from_caches, primary_lease, storage_classes, unlabelled_pods};
+use crate::operator::database::recovery_source;
 use crate::operator::journal::now;
 use crate::operator::publish::{publish, publish_applied};
 use kube::runtime::controller::Action;
@@ -91,6 +92,27 @@ fn switchover_starting(
     status.failover.target_primary.clone()
 }
 
+/// A recovering database's target is checked against its stores before its first pod or volume
+/// is made ([`recovery_source`]); outside the archive, nothing is made and the check is repeated.
+async fn check_recovery_source(
+    database: &DatabaseService,
+    observed: &crate::operator::database::observe::Observed,
+    decision: &mut crate::operator::database::decide::Decision,
+    context: &PassContext,
+) {
+    if decision.workload.is_none() || !recovery_source::needs_check(database, observed) {
+        return;
+    }
+    let reader = recovery_source::KubeStoreReader::new(context.shared.client.clone());
+    let verdict = recovery_source::check(&reader, database).await;
+    let generation = database.metadata.generation.unwrap_or(0);
+    if recovery_source::apply_verdict(verdict, &mut decision.status, generation, now(), &mut decision.journal) {
+        decision.workload = None;
+        let recheck = recovery_source::RECHECK;
+        decision.requeue = Some(decision.requeue.map_or(recheck, |requeue| requeue.min(recheck)));
+    }
+}
+
 /// Reconciles a DatabaseService that is not being deleted.
 pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -> Result<Action, ReconcileError> {
     if !caches_ready(context).await {
@@ -122,6 +144,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
         timers.started(&uid, started);
     }
     record_archiving(database, &decision.archiving, context);
+    check_recovery_source(database, &observed, &mut decision, context).await;
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
     }

@@ -7,6 +7,8 @@ use std::time::Duration;
 pub struct ControllerSettings {
     /// Minimum storage size (validation).
     pub min_storage_size: String,
+    /// Image prefixes spec.image and spec.pooler.image must start with (validation; empty: any).
+    pub allowed_image_prefixes: Vec<String>,
     /// How long a version change may stay unhealthy before it is rolled back.
     pub progress_deadline: Duration,
     /// How long a pod may be not ready (or a standby unschedulable) before the operator acts.
@@ -38,6 +40,7 @@ impl Default for ControllerSettings {
     fn default() -> Self {
         Self {
             min_storage_size: "1Gi".into(),
+            allowed_image_prefixes: Vec::new(),
             progress_deadline: Duration::from_secs(300),
             unhealthy_threshold: Duration::from_secs(60),
             restart_backoff: Duration::from_secs(30),

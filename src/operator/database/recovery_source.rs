@@ -1,17 +1,29 @@
-//! The admission rules of `spec.bootstrap.recovery` that need the stores
-//! ([`crate::admission::backup_validation::check_recovery_against_store`]): on CREATE, the webhook reads
+//! The store-dependent rules of `spec.bootstrap.recovery`
+//! ([`crate::admission::backup_validation::check_recovery_against_store`]), checked by the
+//! controller before it creates the first pod or volume of a recovering DatabaseService: it reads
 //! the source's backups and WAL listing and whether the new database's own archive path already
 //! holds WAL, within [`STORE_CHECK_TIMEOUT`] and [`STORE_CHECK_BOUNDS`].
 //!
-//! An unreachable or slow store does not block the create: the apiserver gives a webhook 10 s
-//! at most and a store outage must not make every recovery impossible, so the object is admitted
-//! with a warning saying that the target was not checked. The recovery itself then fails with a
-//! clear `Recovered=False` condition and a Warning event if the target really is impossible.
+//! This used to run at admission. It moved here because it reads Secrets and sends signed
+//! requests to the endpoint the spec names: done for any review that reached the webhook port, a
+//! forged one made the operator hand a Secret's key to an endpoint of the forger's choice. The
+//! controller acts only on objects the apiserver stored, after admission asked whether their
+//! author may read the Secrets they name.
+//!
+//! A target outside the archive stops the database before anything is made (condition
+//! Recovered=False, reason [`TARGET_OUTSIDE_ARCHIVE`], phase Failed, a Warning event and a ledger
+//! entry) and is checked again every [`RECHECK`] (the archive grows). An unreachable or slow store
+//! does not block the recovery: it goes on, and an impossible target fails it later with its own
+//! Recovered=False condition.
 
 use crate::admission::backup_validation::check_recovery_against_store;
 use crate::admission::validation::FieldError;
 use crate::api::backup::ObjectStore;
-use crate::api::database_service::DatabaseService;
+use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase};
+use crate::api::recovery::RECOVERED_CONDITION;
+use crate::operator::conditions;
+use crate::operator::journal::Journal;
+use crate::operator::ledger::LedgerEntry;
 use crate::store::catalog::{list_backups_bounded, recoverable_window, CatalogBounds, RecoverableWindow};
 use crate::store::client::{Addressing, S3Client, StoreSettings};
 use crate::store::keys::KeyLayout;
@@ -23,10 +35,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-/// Longest time admission spends on the stores of one request (the apiserver's webhook
-/// timeout is 10 s at most, and the rest of the review must fit too).
-pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
-/// How much of the stores one request reads.
+/// Longest time one pass spends on the stores.
+pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How soon a database stopped for a target outside the archive is checked again.
+pub const RECHECK: Duration = Duration::from_secs(30);
+/// Reason of the Recovered=False condition of a target outside the archive.
+pub const TARGET_OUTSIDE_ARCHIVE: &str = "TargetOutsideArchive";
+/// How much of the stores one check reads.
 pub const STORE_CHECK_BOUNDS: CatalogBounds =
     CatalogBounds { objects: 10_000, manifest_bytes: 16 * 1024 * 1024, keep_chunks: false };
 
@@ -52,12 +67,12 @@ pub trait RecoverySourceReader: Send + Sync {
     fn read<'a>(&'a self, database: &'a DatabaseService) -> ReadFuture<'a>;
 }
 
-/// What admission does with a recovering DatabaseService after reading the stores.
+/// What the controller does with a recovering DatabaseService after reading the stores.
 #[derive(Debug, PartialEq)]
 pub enum StoreVerdict {
     /// Nothing to object to.
     Allow,
-    /// Admitted, with this warning.
+    /// Goes on, with this warning.
     Warn(String),
     /// Refused for these reasons.
     Deny(Vec<FieldError>),
@@ -116,7 +131,7 @@ impl KubeStoreReader {
 
     async fn connect(&self, namespace: &str, store: &ObjectStore, name: &str) -> Result<(S3Client, KeyLayout), String> {
         if store.ca_secret.is_some() {
-            return Err("a store with caSecret is not read at admission".into());
+            return Err("a store with caSecret is checked by the recovery itself".into());
         }
         let secrets: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);
         let credentials = &store.credentials_secret;
@@ -192,6 +207,61 @@ impl RecoverySourceReader for KubeStoreReader {
     }
 }
 
+/// Whether `database` recovers and nothing of it exists yet: the moment to check its target.
+pub fn needs_check(database: &DatabaseService, observed: &crate::operator::database::observe::Observed) -> bool {
+    let recovering = database.spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
+    recovering && observed.stateful_set.is_none() && observed.pods.is_empty() && observed.claims.is_empty()
+}
+
+/// Writes what a check decided into the pass's status and journal (pure); true when the pass
+/// must create nothing. A refusal is journaled (Warning event, ledger entry) once per episode.
+pub fn apply_verdict(
+    verdict: StoreVerdict,
+    status: &mut DatabaseServiceStatus,
+    generation: i64,
+    now: chrono::DateTime<chrono::Utc>,
+    journal: &mut Journal,
+) -> bool {
+    let already = status
+        .conditions
+        .iter()
+        .any(|condition| condition.type_ == RECOVERED_CONDITION && condition.reason == TARGET_OUTSIDE_ARCHIVE);
+    match verdict {
+        StoreVerdict::Deny(errors) => {
+            let message = crate::admission::validation::ValidationOutcome { errors, warnings: Vec::new() }.message();
+            if !already {
+                let entry = LedgerEntry::at(now, generation, TARGET_OUTSIDE_ARCHIVE, "", "", message.clone());
+                journal.record(true, TARGET_OUTSIDE_ARCHIVE, message.clone(), Some(entry));
+            }
+            conditions::set(
+                &mut status.conditions,
+                RECOVERED_CONDITION,
+                false,
+                TARGET_OUTSIDE_ARCHIVE,
+                message,
+                Some(generation),
+                now,
+            );
+            status.phase = Some(Phase::Failed);
+            status.observed_generation = Some(generation);
+            true
+        }
+        StoreVerdict::Warn(warning) => {
+            if already {
+                conditions::remove(&mut status.conditions, RECOVERED_CONDITION);
+            }
+            journal.record(true, "RecoverySourceUnchecked", warning, None);
+            false
+        }
+        StoreVerdict::Allow => {
+            if already {
+                conditions::remove(&mut status.conditions, RECOVERED_CONDITION);
+            }
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreadable_store_admits_with_a_warning() {
+    fn an_unreadable_store_goes_on_with_a_warning() {
         let StoreVerdict::Warn(warning) = verdict(&recovering(&at(10)), Err("connection refused".into())) else {
             panic!("an unreachable store is no reason to deny")
         };
@@ -288,10 +358,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_slow_store_is_given_three_seconds() {
+    async fn a_slow_store_is_given_five_seconds() {
         let started = tokio::time::Instant::now();
         let outcome = check(&Slow, &recovering(&at(10))).await;
         assert_eq!(started.elapsed(), STORE_CHECK_TIMEOUT);
-        assert!(matches!(outcome, StoreVerdict::Warn(warning) if warning.contains("no answer within 3 s")));
+        assert!(matches!(outcome, StoreVerdict::Warn(warning) if warning.contains("no answer within 5 s")));
+    }
+
+    #[test]
+    fn a_target_outside_the_archive_stops_the_pass_once_journaled_and_clears_when_it_fits() {
+        let now = chrono::Utc::now();
+        let mut status = DatabaseServiceStatus::default();
+        let mut journal = Journal::default();
+        let deny = || verdict(&recovering(&at(40)), Ok(contents(false)));
+        assert!(apply_verdict(deny(), &mut status, 3, now, &mut journal));
+        assert!(apply_verdict(deny(), &mut status, 3, now, &mut journal));
+        assert_eq!(journal.entries.len(), 1, "one ledger entry per episode");
+        assert_eq!(journal.events.len(), 1);
+        assert!(journal.events[0].warning && journal.events[0].note.contains("outside the recoverable window"));
+        assert_eq!(status.phase, Some(Phase::Failed));
+        let recovered = status.conditions.iter().find(|condition| condition.type_ == RECOVERED_CONDITION).unwrap();
+        assert_eq!((recovered.status.as_str(), recovered.reason.as_str()), ("False", TARGET_OUTSIDE_ARCHIVE));
+        let allow = verdict(&recovering(&at(10)), Ok(contents(false)));
+        assert!(!apply_verdict(allow, &mut status, 3, now, &mut journal));
+        assert!(status.conditions.iter().all(|condition| condition.type_ != RECOVERED_CONDITION));
     }
 }
