@@ -11,7 +11,9 @@
 //! `auth_query` function in each pooled database calls `has_function_privilege('dbservice_pooler',
 //! p.oid, 'EXECUTE')` unqualified, and with the database's search_path `public` comes first, so the
 //! planted `public.has_function_privilege(text, oid, text)` hides `pg_catalog`'s and runs as the
-//! superuser (as do the shadowed `=` of its WHERE clause).
+//! superuser (as do the shadowed `=` of its WHERE clause), which the record shows and the shadow
+//! uses to make the application a superuser. The shadows answer as the originals, so the agent
+//! goes on as usual: only the record tells.
 
 use crate::environment::{admin_client, install_chart, real_database, real_namespace, real_node_or_skip, wait_running};
 use crate::support::eventually;
@@ -72,7 +74,8 @@ $record$;
 
 /// Shadows of every overload of each listed function (its own signature; `name`, `"char"`,
 /// `varchar` and `char` arguments as `text`; all `text`) and of each listed operator (its own
-/// operand types, and widened to `text`). A signature PL/pgSQL cannot take is left out.
+/// operand types, and widened to `text`), each answering as the original. A signature PL/pgSQL
+/// cannot take is left out.
 const SHADOWS: &str = r#"
 DO $plant$
 DECLARE
@@ -95,7 +98,11 @@ BEGIN
               FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i)) AS types,
            (SELECT string_agg(CASE WHEN t::regtype = ANY (narrow) THEN 'text' ELSE format_type(t, NULL) END, ', ' ORDER BY i)
               FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i)) AS widened,
-           (SELECT string_agg('text', ', ') FROM generate_series(1, p.pronargs)) AS all_text
+           (SELECT string_agg('text', ', ') FROM generate_series(1, p.pronargs)) AS all_text,
+           (SELECT string_agg(CASE WHEN y.typtype = 'p' THEN '$' || i ELSE format('$%s::%s', i, format_type(t, NULL)) END,
+                              ', ' ORDER BY i)
+              FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, i) JOIN pg_type y ON y.oid = t) AS passed,
+           p.prorettype = 'void'::regtype AS void
     FROM pg_proc p
     WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.proname = ANY (@FUNCTIONS@)
   LOOP
@@ -115,9 +122,14 @@ BEGIN
       CONTINUE WHEN variant <> 'exact' AND f.not_all_in;
       arguments := CASE variant WHEN 'exact' THEN f.exact WHEN 'widened' THEN f.widened ELSE f.all_text END;
       BEGIN
+        -- It answers as the original does (nothing for a set or OUT parameters), so that the agent
+        -- goes on as usual and only the record tells.
         EXECUTE format('CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS '
-            '$s$BEGIN PERFORM public.shadow_record(%L); RETURN %s; END$s$',
-            f.name, COALESCE(arguments, ''), f.result, f.name, CASE WHEN f.bare_return THEN '' ELSE 'NULL' END);
+            '$s$BEGIN PERFORM public.shadow_record(%L); %s END$s$',
+            f.name, COALESCE(arguments, ''), f.result, f.name,
+            CASE WHEN f.void THEN format('PERFORM pg_catalog.%I(%s); RETURN;', f.name, COALESCE(f.passed, ''))
+                 WHEN f.bare_return THEN 'RETURN;'
+                 ELSE format('RETURN pg_catalog.%I(%s);', f.name, COALESCE(f.passed, '')) END);
       EXCEPTION WHEN OTHERS THEN RAISE NOTICE 'no % shadow of %(%): %', variant, f.name, arguments, SQLERRM;
       END;
     END LOOP;
@@ -138,8 +150,9 @@ BEGIN
       shadow := format('shadow_operator_%s_%s', o.oid, variant);
       BEGIN
         EXECUTE format('CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS '
-            '$s$BEGIN PERFORM public.shadow_record(%L); RETURN NULL; END$s$',
-            shadow, concat_ws(', ', left_type, right_type), o.result, o.name);
+            '$s$BEGIN PERFORM public.shadow_record(%L); RETURN %s OPERATOR(pg_catalog.%s) %s; END$s$',
+            shadow, concat_ws(', ', left_type, right_type), o.result, o.name,
+            CASE WHEN o.oprleft = 0 THEN '' ELSE '$1' END, o.name, CASE WHEN o.oprleft = 0 THEN '$1' ELSE '$2' END);
         EXECUTE format('CREATE OPERATOR public.%s (%s, FUNCTION = public.%I)',
             o.name, concat_ws(', ', 'LEFTARG = ' || left_type, 'RIGHTARG = ' || right_type), shadow);
       EXCEPTION WHEN OTHERS THEN RAISE NOTICE 'no % shadow of operator %(%, %): %', variant, o.name, left_type, right_type, SQLERRM;
