@@ -219,10 +219,10 @@ pub fn auth_function_statements() -> Vec<String> {
         format!("REVOKE ALL ON SCHEMA {POOLER_SCHEMA} FROM PUBLIC"),
         format!(
             "CREATE OR REPLACE FUNCTION {POOLER_SCHEMA}.user_password(role_name text, OUT usename name, OUT passwd text) \
-             RETURNS record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $function$ \
+             RETURNS record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $function$ \
              SELECT rolname, rolpassword::text FROM pg_catalog.pg_authid \
              WHERE rolname = role_name AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
-             AND rolname <> '{POOLER_ROLE}' AND (rolvaliduntil IS NULL OR rolvaliduntil > now()) $function$"
+             AND rolname <> '{POOLER_ROLE}' AND (rolvaliduntil IS NULL OR rolvaliduntil > pg_catalog.now()) $function$"
         ),
         format!("REVOKE ALL ON FUNCTION {POOLER_SCHEMA}.user_password(text) FROM PUBLIC"),
         format!("GRANT USAGE ON SCHEMA {POOLER_SCHEMA} TO {POOLER_ROLE}"),
@@ -260,7 +260,8 @@ mod tests {
     #[test]
     fn the_auth_function_never_returns_a_superuser_or_replication_role() {
         let sql = auth_function_statements().join(";\n");
-        assert!(sql.contains("SECURITY DEFINER SET search_path = pg_catalog"));
+        assert!(sql.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS"));
+        assert!(sql.contains("pg_catalog.now()") && sql.contains("FROM pg_catalog.pg_authid"));
         assert!(sql.contains("NOT rolsuper AND NOT rolreplication"));
         assert!(sql.contains("FROM PUBLIC"));
         assert!(sql.contains(&format!("TO {POOLER_ROLE}")));

@@ -12,7 +12,8 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::instance::openmetrics::{Family, MetricKind};
-use crate::instance::roles::{connect, identifier};
+use crate::instance::roles::{connect_for, identifier};
+use crate::instance::session::Sql;
 use crate::instance::InstanceConfig;
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Deserialize;
@@ -230,7 +231,11 @@ async fn texts(source: &QueriesSource) -> Option<(Vec<String>, String, String, u
 }
 
 async fn run_one(config: &InstanceConfig, user: &str, database: &str, query: &CustomQuery) -> Result<Family, String> {
-    let client = connect(config, user, database).await.map_err(|error| error.to_string())?;
+    // The user's own SQL, as the monitoring role: it names the application's tables unqualified,
+    // so the database's search_path stays (a pinned one would break it). Only the timeouts apply:
+    // the role holds no privilege the application could borrow through a shadowed function
+    // beyond reading statistics, and the query's author chose its names.
+    let client = connect_for(config, user, database, Sql::UserWritten).await.map_err(|error| error.to_string())?;
     let setup = format!(
         "SET default_transaction_read_only = on; SET statement_timeout = {STATEMENT_TIMEOUT_MILLISECONDS}; SET application_name = 'dbservice-metrics'"
     );

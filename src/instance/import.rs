@@ -13,6 +13,7 @@
 use crate::api::import::{ImportPhase, ImportSpec, ImportStatus, ImportedDatabase};
 use crate::instance::import_roles::role_statements;
 use crate::instance::roles::{connect, identifier, STATEMENT_TIMEOUT};
+use crate::instance::session;
 use crate::instance::{InstanceConfig, SecretReader};
 use crate::passfile::PasswordFile;
 use std::collections::BTreeSet;
@@ -76,6 +77,8 @@ fn last_lines(stderr: &[u8]) -> String {
 /// A tool of the server's major connected to the source (host, port, user, sslmode, password file).
 fn source_command(config: &InstanceConfig, spec: &ImportSpec, tool: &str, password_file: &PasswordFile) -> Command {
     let mut command = Command::new(config.pg_bin.join(tool));
+    // No PGOPTIONS: pg_dump and pg_dumpall pin an empty search_path on connect themselves
+    // (CVE-2018-1058), and they read the source, not a database the application writes here.
     // The agent's own libpq settings (PGDATA, PGPORT, a password) must not reach the source.
     for (variable, _) in std::env::vars_os() {
         if variable.to_string_lossy().starts_with("PG") {
@@ -170,6 +173,7 @@ async fn copy_database(
     let mut dump = dump.spawn().map_err(|error| format!("run pg_dump: {error}"))?;
     let dump_output: Stdio = dump.stdout.take().expect("piped").try_into().map_err(|error| format!("pipe: {error}"))?;
     let mut restore = Command::new(config.pg_bin.join("pg_restore"));
+    // No PGOPTIONS: pg_restore pins an empty search_path on connect, and the dump sets its own.
     restore.env_remove("PGPASSWORD").env_remove("PGHOST").args(["--exit-on-error", "--single-transaction"]);
     // With the source's roles here, owners and grants are kept, which takes the superuser; without,
     // the application's role restores and owns all. It logs in as itself (the local socket trusts
@@ -247,7 +251,9 @@ async fn import_roles(
     let statements = role_statements(&String::from_utf8_lossy(&output.stdout), &reserved, owner, &existing)?;
     let created = statements.iter().filter(|statement| statement.starts_with("CREATE ROLE ")).count();
     let mut psql = Command::new(config.pg_bin.join("psql"));
+    // psql leaves search_path as the database has it: pinned for the superuser's session.
     psql.env_remove("PGPASSWORD")
+        .env("PGOPTIONS", session::tool_options())
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-h"])
         .arg(&config.socket_dir)
         .args(["-p", &config.port.to_string(), "-U", &config.superuser, "-d", "postgres"])

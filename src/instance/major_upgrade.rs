@@ -512,6 +512,8 @@ async fn run(
     limit: Duration,
     directory: Option<&Path>,
 ) -> Result<String, MajorUpgradeError> {
+    // No PGOPTIONS: pg_upgrade pins an empty search_path on every connection it makes (and runs
+    // pg_dump, which does too); initdb and pg_controldata connect to nothing.
     let mut command = Command::new(bin.join(tool));
     command.args(arguments).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     if let Some(directory) = directory {

@@ -78,33 +78,33 @@ struct Query {
 
 const QUERIES: &[Query] = &[
     Query { name: "dbservice_postgres_replication_lag_bytes", help: "WAL the standby has not replayed yet, per standby (on the primary)", kind: MetricKind::Gauge,
-        sql: "SELECT application_name::text, COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), 0)::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+        sql: "SELECT application_name::text, COALESCE(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), replay_lsn), 0)::float8 FROM pg_catalog.pg_stat_replication", label: Some("standby"), primary_only: true },
     Query { name: "dbservice_postgres_replication_lag_seconds", help: "Replay lag per standby as the primary measured it (on the primary)", kind: MetricKind::Gauge,
-        sql: "SELECT application_name::text, COALESCE(EXTRACT(EPOCH FROM replay_lag), 0)::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+        sql: "SELECT application_name::text, COALESCE(EXTRACT(EPOCH FROM replay_lag), 0)::float8 FROM pg_catalog.pg_stat_replication", label: Some("standby"), primary_only: true },
     Query { name: "dbservice_postgres_replication_streaming", help: "1 per standby streaming from this primary", kind: MetricKind::Gauge,
-        sql: "SELECT application_name::text, (state = 'streaming')::int::float8 FROM pg_stat_replication", label: Some("standby"), primary_only: true },
+        sql: "SELECT application_name::text, (state = 'streaming')::int::float8 FROM pg_catalog.pg_stat_replication", label: Some("standby"), primary_only: true },
     Query { name: "dbservice_postgres_wal_written_bytes", help: "WAL written since the cluster was made (position of the primary)", kind: MetricKind::Counter,
-        sql: "SELECT NULL::text, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8", label: None, primary_only: true },
+        sql: "SELECT NULL::text, pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::float8", label: None, primary_only: true },
     Query { name: "dbservice_postgres_archived_wal", help: "WAL files archived (pg_stat_archiver, since the statistics were reset)", kind: MetricKind::Counter,
-        sql: "SELECT NULL::text, archived_count::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+        sql: "SELECT NULL::text, archived_count::float8 FROM pg_catalog.pg_stat_archiver", label: None, primary_only: false },
     Query { name: "dbservice_postgres_archive_failures", help: "Failed attempts to archive a WAL file", kind: MetricKind::Counter,
-        sql: "SELECT NULL::text, failed_count::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+        sql: "SELECT NULL::text, failed_count::float8 FROM pg_catalog.pg_stat_archiver", label: None, primary_only: false },
     Query { name: "dbservice_postgres_last_archived_age_seconds", help: "Seconds since the last WAL file was archived (absent before the first)", kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - last_archived_time)::float8 FROM pg_stat_archiver WHERE last_archived_time IS NOT NULL", label: None, primary_only: false },
+        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM pg_catalog.now() - last_archived_time)::float8 FROM pg_catalog.pg_stat_archiver WHERE last_archived_time IS NOT NULL", label: None, primary_only: false },
     Query { name: "dbservice_postgres_last_archive_failed", help: "1 when the last archiving attempt failed (its failure is newer than its last success)", kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, (last_failed_time IS NOT NULL AND (last_archived_time IS NULL OR last_failed_time > last_archived_time))::int::float8 FROM pg_stat_archiver", label: None, primary_only: false },
+        sql: "SELECT NULL::text, (last_failed_time IS NOT NULL AND (last_archived_time IS NULL OR last_failed_time > last_archived_time))::int::float8 FROM pg_catalog.pg_stat_archiver", label: None, primary_only: false },
     Query { name: "dbservice_postgres_connections", help: "Client connections by state", kind: MetricKind::Gauge,
-        sql: "SELECT COALESCE(state, 'unknown')::text, count(*)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1", label: Some("state"), primary_only: false },
+        sql: "SELECT COALESCE(state, 'unknown')::text, pg_catalog.count(*)::float8 FROM pg_catalog.pg_stat_activity WHERE backend_type = 'client backend' GROUP BY 1", label: Some("state"), primary_only: false },
     Query { name: "dbservice_postgres_max_connections", help: "max_connections", kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, current_setting('max_connections')::float8", label: None, primary_only: false },
+        sql: "SELECT NULL::text, pg_catalog.current_setting('max_connections')::float8", label: None, primary_only: false },
     Query { name: "dbservice_postgres_database_size_bytes", help: "Size of each database", kind: MetricKind::Gauge,
-        sql: "SELECT datname::text, pg_database_size(oid)::float8 FROM pg_database WHERE datallowconn", label: Some("datname"), primary_only: false },
+        sql: "SELECT datname::text, pg_catalog.pg_database_size(oid)::float8 FROM pg_catalog.pg_database WHERE datallowconn", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_transaction_id_age", help: "Age of each database's oldest unfrozen transaction ID (wraparound at 2^31)", kind: MetricKind::Gauge,
-        sql: "SELECT datname::text, age(datfrozenxid)::float8 FROM pg_database", label: Some("datname"), primary_only: false },
+        sql: "SELECT datname::text, pg_catalog.age(datfrozenxid)::float8 FROM pg_catalog.pg_database", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_deadlocks", help: "Deadlocks detected per database", kind: MetricKind::Counter,
-        sql: "SELECT datname::text, deadlocks::float8 FROM pg_stat_database WHERE datname IS NOT NULL", label: Some("datname"), primary_only: false },
+        sql: "SELECT datname::text, deadlocks::float8 FROM pg_catalog.pg_stat_database WHERE datname IS NOT NULL", label: Some("datname"), primary_only: false },
     Query { name: "dbservice_postgres_longest_transaction_seconds", help: "Age of the oldest open client transaction (0 when none)", kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity WHERE backend_type = 'client backend' AND xact_start IS NOT NULL", label: None, primary_only: false },
+        sql: "SELECT NULL::text, COALESCE(pg_catalog.max(EXTRACT(EPOCH FROM pg_catalog.now() - xact_start)), 0)::float8 FROM pg_catalog.pg_stat_activity WHERE backend_type = 'client backend' AND xact_start IS NOT NULL", label: None, primary_only: false },
 ];
 
 /// Checkpoints by kind from pg_stat_checkpointer (17 on).
@@ -112,14 +112,14 @@ const CHECKPOINTS: Query = Query {
     name: "dbservice_postgres_checkpoints",
     help: "Checkpoints by kind (timed, requested)",
     kind: MetricKind::Counter,
-    sql: "SELECT 'timed'::text, num_timed::float8 FROM pg_stat_checkpointer UNION ALL SELECT 'requested', num_requested::float8 FROM pg_stat_checkpointer",
+    sql: "SELECT 'timed'::text, num_timed::float8 FROM pg_catalog.pg_stat_checkpointer UNION ALL SELECT 'requested', num_requested::float8 FROM pg_catalog.pg_stat_checkpointer",
     label: Some("kind"),
     primary_only: false,
 };
 
 /// The same family from pg_stat_bgwriter (before 17).
 const CHECKPOINTS_BEFORE_17: Query = Query {
-    sql: "SELECT 'timed'::text, checkpoints_timed::float8 FROM pg_stat_bgwriter UNION ALL SELECT 'requested', checkpoints_req::float8 FROM pg_stat_bgwriter",
+    sql: "SELECT 'timed'::text, checkpoints_timed::float8 FROM pg_catalog.pg_stat_bgwriter UNION ALL SELECT 'requested', checkpoints_req::float8 FROM pg_catalog.pg_stat_bgwriter",
     ..CHECKPOINTS
 };
 
@@ -138,7 +138,7 @@ const STANDBY_QUERIES: [Query; 2] = [
         name: "dbservice_postgres_standby_replay_delay_seconds",
         help: "On a standby: seconds since the last replayed transaction's commit time (grows while the primary is idle)",
         kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8 WHERE pg_last_xact_replay_timestamp() IS NOT NULL",
+        sql: "SELECT NULL::text, EXTRACT(EPOCH FROM pg_catalog.now() - pg_catalog.pg_last_xact_replay_timestamp())::float8 WHERE pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL",
         label: None,
         primary_only: false,
     },
@@ -146,7 +146,7 @@ const STANDBY_QUERIES: [Query; 2] = [
         name: "dbservice_postgres_wal_receiver_streaming",
         help: "On a standby: 1 while its WAL receiver streams from the primary",
         kind: MetricKind::Gauge,
-        sql: "SELECT NULL::text, count(*)::float8 FROM pg_stat_wal_receiver WHERE status = 'streaming'",
+        sql: "SELECT NULL::text, pg_catalog.count(*)::float8 FROM pg_catalog.pg_stat_wal_receiver WHERE status = 'streaming'",
         label: None,
         primary_only: false,
     },
@@ -178,8 +178,8 @@ pub async fn collect(config: &InstanceConfig, custom: &QueriesSource) -> Vec<Fam
     if client.batch_execute(&setup).await.is_err() {
         return vec![up(0.0)];
     }
-    let facts = "SELECT pg_is_in_recovery(), current_setting('server_version_num')::int, \
-        (SELECT timeline_id FROM pg_control_checkpoint())";
+    let facts = "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('server_version_num')::int, \
+        (SELECT timeline_id FROM pg_catalog.pg_control_checkpoint())";
     let Ok(row) = client.query_one(facts, &[]).await else { return vec![up(0.0)] };
     let (standby, version, timeline): (bool, i32, i32) = (row.get(0), row.get(1), row.get(2));
     let mut families = vec![

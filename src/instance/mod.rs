@@ -26,6 +26,7 @@ pub mod roles;
 pub mod run;
 pub mod scram;
 pub mod secrets;
+pub mod session;
 pub mod slots;
 pub mod standby;
 pub mod tls;

@@ -8,6 +8,7 @@
 //! socket it needs no TLS, so it adds no crypto stack to the static binary.
 
 use crate::instance::archiving::ArchiverSample;
+use crate::instance::session::{self, Sql};
 use crate::instance::InstanceConfig;
 use crate::lsn::Lsn;
 use chrono::{DateTime, Utc};
@@ -68,25 +69,25 @@ pub enum LocalState {
     Ready(Sample),
 }
 
-const SAMPLE_QUERY: &str = "SELECT pg_is_in_recovery(),
-  CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END,
-  pg_last_wal_receive_lsn()::text,
-  pg_last_wal_replay_lsn()::text,
-  CASE WHEN pg_is_in_recovery()
-       THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver WHERE status = 'streaming'),
-                     greatest((SELECT timeline_id FROM pg_control_checkpoint()),
-                              (SELECT min_recovery_end_timeline FROM pg_control_recovery()),
-                              (SELECT max(('x' || substr(name, 1, 8))::bit(32)::int) FROM pg_ls_waldir()
+const SAMPLE_QUERY: &str = "SELECT pg_catalog.pg_is_in_recovery(),
+  CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE pg_catalog.pg_current_wal_lsn()::text END,
+  pg_catalog.pg_last_wal_receive_lsn()::text,
+  pg_catalog.pg_last_wal_replay_lsn()::text,
+  CASE WHEN pg_catalog.pg_is_in_recovery()
+       THEN coalesce((SELECT received_tli FROM pg_catalog.pg_stat_wal_receiver WHERE status = 'streaming'),
+                     greatest((SELECT timeline_id FROM pg_catalog.pg_control_checkpoint()),
+                              (SELECT min_recovery_end_timeline FROM pg_catalog.pg_control_recovery()),
+                              (SELECT pg_catalog.max(('x' || pg_catalog.substr(name, 1, 8))::bit(32)::int) FROM pg_catalog.pg_ls_waldir()
                                 WHERE name ~ '^[0-9A-F]{24}$')))
-       ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
-  EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'),
-  current_setting('archive_mode') <> 'off',
+       ELSE ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
+  EXISTS (SELECT 1 FROM pg_catalog.pg_stat_wal_receiver WHERE status = 'streaming'),
+  pg_catalog.current_setting('archive_mode') <> 'off',
   failed_count,
   last_failed_wal,
   (extract(epoch FROM last_failed_time) * 1000000)::bigint,
   last_archived_wal,
   (extract(epoch FROM last_archived_time) * 1000000)::bigint
-FROM pg_stat_archiver";
+FROM pg_catalog.pg_stat_archiver";
 
 /// pg_stat_archiver from the sample row: on a primary with `archive_mode` on only (a standby does
 /// not archive with `archive_mode = on`, and its view is stale).
@@ -234,14 +235,14 @@ impl Postgres {
         (Client, tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>),
         PostgresError,
     > {
-        let mut pg_config = tokio_postgres::Config::new();
-        pg_config
-            .host_path(&self.config.socket_dir)
-            .port(self.config.port)
-            .user(user)
-            .dbname("postgres")
-            .application_name("dbservice-instance")
-            .connect_timeout(self.config.health_timeout);
+        let pg_config = session::config(
+            &self.config.socket_dir,
+            self.config.port,
+            user,
+            "postgres",
+            Sql::Privileged,
+            self.config.health_timeout,
+        );
         let connect = pg_config.connect(NoTls);
         tokio::time::timeout(self.config.health_timeout, connect)
             .await
@@ -308,18 +309,14 @@ impl Postgres {
     pub async fn promote(&mut self) -> Result<(), PostgresError> {
         let timeout = self.config.health_timeout + Duration::from_secs(60);
         let client = self.client().await?;
-        let promoted = tokio::time::timeout(timeout, client.query_one("SELECT pg_promote(true, 60)", &[]))
-            .await
-            .map_err(|_| PostgresError::Timeout(timeout))??;
-        if promoted.try_get::<_, bool>(0)? {
-            // pg_rewind reads the new timeline from the source's pg_control, which only the first
-            // checkpoint after promotion updates: without it, it would take the old primary for
-            // being on the same timeline and skip a needed rewind.
-            client.batch_execute("CHECKPOINT").await?;
-            Ok(())
-        } else {
-            Err(PostgresError::Answer("pg_promote returned false".into()))
-        }
+        // pg_promote waits up to 60 s (bounded here) and the checkpoint as long as the dirty
+        // buffers take (it waits on no lock the application could hold): both past the session's
+        // statement_timeout, which is put back after.
+        client.batch_execute("SET statement_timeout = 0").await?;
+        let outcome = promote_and_checkpoint(client, timeout).await;
+        let reset = client.batch_execute("RESET statement_timeout").await;
+        outcome?;
+        Ok(reset?)
     }
 
     /// Re-points the WAL receiver (`''` stops it) without a restart: primary_conninfo is
@@ -330,7 +327,7 @@ impl Postgres {
             alter_system(client, "primary_conninfo", &conninfo).await?;
             // The previous upstream's slot is not on this one (see `slots`).
             alter_system(client, "primary_slot_name", "").await?;
-            client.batch_execute("SELECT pg_reload_conf()").await
+            client.batch_execute("SELECT pg_catalog.pg_reload_conf()").await
         })
         .await
     }
@@ -352,7 +349,7 @@ impl Postgres {
         let slot = slot.to_string();
         self.bounded(async move |client| {
             alter_system(client, "primary_slot_name", &slot).await?;
-            client.batch_execute("SELECT pg_reload_conf()").await
+            client.batch_execute("SELECT pg_catalog.pg_reload_conf()").await
         })
         .await
     }
@@ -381,12 +378,12 @@ impl Postgres {
     /// Makes the server re-read its configuration files (pg_reload_conf returns before the
     /// postmaster has applied them; a commit right after may still use the old value).
     pub async fn reload(&mut self) -> Result<(), PostgresError> {
-        self.bounded(async |client| client.batch_execute("SELECT pg_reload_conf()").await).await
+        self.bounded(async |client| client.batch_execute("SELECT pg_catalog.pg_reload_conf()").await).await
     }
 
     /// Settings changed in the configuration files that take effect only after a restart.
     pub async fn pending_restart(&mut self) -> Result<Vec<String>, PostgresError> {
-        let query = "SELECT name FROM pg_settings WHERE pending_restart ORDER BY name";
+        let query = "SELECT name FROM pg_catalog.pg_settings WHERE pending_restart ORDER BY name";
         let rows = self.bounded(async |client| client.query(query, &[]).await).await?;
         rows.iter().map(|row| row.try_get(0).map_err(PostgresError::from)).collect()
     }
@@ -399,7 +396,9 @@ impl Postgres {
     /// Where the next WAL record goes (`pg_current_wal_insert_lsn()`), bounded by the health timeout.
     pub async fn insert_lsn(&mut self) -> Result<Lsn, PostgresError> {
         let text: Option<String> = self
-            .bounded(async |client| client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?.try_get(0))
+            .bounded(async |client| {
+                client.query_one("SELECT pg_catalog.pg_current_wal_insert_lsn()::text", &[]).await?.try_get(0)
+            })
             .await?;
         lsn(text)?.ok_or_else(|| PostgresError::Answer("no WAL insert position".into()))
     }
@@ -407,7 +406,7 @@ impl Postgres {
     /// How many standbys stream from this server now (`pg_stat_replication`), bounded by the
     /// health timeout.
     pub async fn streaming_standbys(&mut self) -> Result<i64, PostgresError> {
-        let query = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'";
+        let query = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_replication WHERE state = 'streaming'";
         self.bounded(async |client| client.query_one(query, &[]).await?.try_get(0)).await
     }
 
@@ -483,10 +482,24 @@ pub const DISK_FULL_BYTES: u64 = 32 * 1024 * 1024;
 /// statement cannot run in a transaction block, so it has one round trip of its own.
 async fn alter_system(client: &Client, name: &str, value: &str) -> Result<(), tokio_postgres::Error> {
     let statement: String = client
-        .query_one(&format!("SELECT format('ALTER SYSTEM SET {name} = %L', $1::text)"), &[&value])
+        .query_one(&format!("SELECT pg_catalog.format('ALTER SYSTEM SET {name} = %L', $1::text)"), &[&value])
         .await?
         .try_get(0)?;
     client.batch_execute(&statement).await
+}
+
+async fn promote_and_checkpoint(client: &Client, timeout: Duration) -> Result<(), PostgresError> {
+    let promoted = tokio::time::timeout(timeout, client.query_one("SELECT pg_catalog.pg_promote(true, 60)", &[]))
+        .await
+        .map_err(|_| PostgresError::Timeout(timeout))??;
+    if !promoted.try_get::<_, bool>(0)? {
+        return Err(PostgresError::Answer("pg_promote returned false".into()));
+    }
+    // pg_rewind reads the new timeline from the source's pg_control, which only the first
+    // checkpoint after promotion updates: without it, it would take the old primary for being on
+    // the same timeline and skip a needed rewind.
+    client.batch_execute("CHECKPOINT").await?;
+    Ok(())
 }
 
 /// Bytes available to unprivileged users on the file system holding `path` (statvfs), if known.

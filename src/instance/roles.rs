@@ -15,6 +15,7 @@
 //! Runs in the background (a migration visits every database): the agent's step loop, which
 //! renews the Lease, never waits for it.
 
+use crate::instance::session::{self, Sql};
 use crate::instance::InstanceConfig;
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
@@ -117,27 +118,27 @@ pub fn transfer_ownership_statement(owner: &str) -> String {
         r#"DO $transfer$
 DECLARE item record;
 BEGIN
-  FOR item IN SELECT format('ALTER SCHEMA %I OWNER TO %I', n.nspname, {owner}) AS statement
+  FOR item IN SELECT pg_catalog.format('ALTER SCHEMA %I OWNER TO %I', n.nspname, {owner}) AS statement
       FROM pg_catalog.pg_namespace n
       WHERE n.nspowner = 10 AND n.oid >= {FIRST_USER_OID}
         AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_namespace'::regclass AND d.objid = n.oid AND d.deptype = 'e')
-    UNION ALL SELECT format('ALTER %s %s OWNER TO %I',
+    UNION ALL SELECT pg_catalog.format('ALTER %s %s OWNER TO %I',
           CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
           c.oid::regclass, {owner})
       FROM pg_catalog.pg_class c
       WHERE c.relowner = 10 AND c.oid >= {FIRST_USER_OID} AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
         AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid
           AND (d.deptype = 'e' OR (c.relkind = 'S' AND d.deptype IN ('a', 'i'))))
-    UNION ALL SELECT format('ALTER ROUTINE %s OWNER TO %I', p.oid::regprocedure, {owner})
+    UNION ALL SELECT pg_catalog.format('ALTER ROUTINE %s OWNER TO %I', p.oid::regprocedure, {owner})
       FROM pg_catalog.pg_proc p
       WHERE p.proowner = 10 AND p.oid >= {FIRST_USER_OID}
         AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
-    UNION ALL SELECT format('ALTER %s %s OWNER TO %I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::regtype, {owner})
+    UNION ALL SELECT pg_catalog.format('ALTER %s %s OWNER TO %I', CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::regtype, {owner})
       FROM pg_catalog.pg_type t
       WHERE t.typowner = 10 AND t.oid >= {FIRST_USER_OID} AND t.typrelid = 0 AND t.typtype IN ('b', 'd', 'e', 'r')
         AND NOT EXISTS (SELECT FROM pg_catalog.pg_type element WHERE element.typarray = t.oid)
         AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::regclass AND d.objid = t.oid AND d.deptype = 'e')
-    UNION ALL SELECT format('ALTER LARGE OBJECT %s OWNER TO %I', l.oid, {owner})
+    UNION ALL SELECT pg_catalog.format('ALTER LARGE OBJECT %s OWNER TO %I', l.oid, {owner})
       FROM pg_catalog.pg_largeobject_metadata l WHERE l.lomowner = 10
   LOOP
     EXECUTE item.statement;
@@ -147,15 +148,19 @@ $transfer$"#
     )
 }
 
+/// A privileged session (search_path pinned, see [`crate::instance::session`]) on the local server.
 pub(crate) async fn connect(config: &InstanceConfig, user: &str, database: &str) -> Result<Client, KeepRolesError> {
-    let mut pg_config = tokio_postgres::Config::new();
-    pg_config
-        .host_path(&config.socket_dir)
-        .port(config.port)
-        .user(user)
-        .dbname(database)
-        .application_name("dbservice-instance")
-        .connect_timeout(STATEMENT_TIMEOUT);
+    connect_for(config, user, database, Sql::Privileged).await
+}
+
+/// A session on the local server for `sql`, bounded by [`STATEMENT_TIMEOUT`].
+pub(crate) async fn connect_for(
+    config: &InstanceConfig,
+    user: &str,
+    database: &str,
+    sql: Sql,
+) -> Result<Client, KeepRolesError> {
+    let pg_config = session::config(&config.socket_dir, config.port, user, database, sql, STATEMENT_TIMEOUT);
     let connected = tokio::time::timeout(STATEMENT_TIMEOUT, pg_config.connect(NoTls))
         .await
         .map_err(|_| KeepRolesError::Timeout("connecting"))?

@@ -177,6 +177,8 @@ async fn run_tool_output(
     let password_file =
         crate::passfile::PasswordFile::new(&config.replication_user, &config.replication_password, config.os_user)
             .map_err(|error| StandbyError::Tool { tool, detail: format!("password file: {error}") })?;
+    // No PGOPTIONS: pg_basebackup runs no SQL (replication protocol) and pg_rewind pins an empty
+    // search_path on connect itself.
     let mut command = Command::new(config.pg_bin.join(tool));
     command
         .args(args)

@@ -280,6 +280,8 @@ fn initdb_arguments_from_environment() -> Vec<String> {
 /// ("stage N of 3", then "done" or "failed: ...") in the returned channel.
 fn analyze_in_stages(config: &InstanceConfig) -> tokio::sync::watch::Receiver<String> {
     let (sender, receiver) = tokio::sync::watch::channel("starting".to_string());
+    // No PGOPTIONS: vacuumdb pins an empty search_path on connect (since PostgreSQL 10.3), and
+    // its ANALYZE runs for hours on a big database, past any statement_timeout we would set.
     let mut command = tokio::process::Command::new(config.pg_bin.join("vacuumdb"));
     command
         .args(["--all", "--analyze-in-stages", "--host"])

@@ -60,6 +60,10 @@ pub async fn login(pool: Pool, password: &str, database: &str, timeout: Duration
 
 /// A connection to `pool` over its unix socket in the pod (no TLS there: PgBouncer requires it
 /// of network clients only).
+///
+/// No `options` (see [`crate::instance::session`]): these sessions reach PgBouncer, not
+/// PostgreSQL. The admin console runs no SQL, PgBouncer refuses startup parameters it does not
+/// know, and the login check runs `SELECT 1` as the pooler's unprivileged role.
 fn socket_config(pool: Pool, user: &str, password: &str, database: &str, timeout: Duration) -> tokio_postgres::Config {
     let mut config = tokio_postgres::Config::new();
     config

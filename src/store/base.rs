@@ -108,6 +108,9 @@ async fn connect_as(
         .user(user)
         .dbname("postgres")
         .application_name("dbservice-backup")
+        // Privileged (replication) SQL: pinned search_path as the agent's (issue 37); no
+        // statement timeout, a backup's waits are bounded by the job.
+        .options(crate::instance::session::tool_options())
         .connect_timeout(Duration::from_secs(10));
     if let Some(password) = password {
         config.password(password);
@@ -126,9 +129,9 @@ async fn source_facts(args: &BaseBackupArgs) -> Result<SourceFacts, BaseBackupEr
     };
     let row = client
         .query_one(
-            "select current_setting('server_version_num')::int, \
-                    (select setting::bigint from pg_settings where name = 'wal_segment_size'), \
-                    (select system_identifier::text from pg_control_system()), pg_is_in_recovery()",
+            "select pg_catalog.current_setting('server_version_num')::int, \
+                    (select setting::bigint from pg_catalog.pg_settings where name = 'wal_segment_size'), \
+                    (select system_identifier::text from pg_catalog.pg_control_system()), pg_catalog.pg_is_in_recovery()",
             &[],
         )
         .await
@@ -333,7 +336,7 @@ async fn switch_wal(args: &BaseBackupArgs, facts: &SourceFacts) -> Result<(), Ba
         }
         None => connect(args, &host).await?,
     };
-    client.execute("select pg_switch_wal()", &[]).await.map_err(|error| BaseBackupError::Query {
+    client.execute("select pg_catalog.pg_switch_wal()", &[]).await.map_err(|error| BaseBackupError::Query {
         host,
         port: args.port,
         message: error.to_string(),

@@ -29,6 +29,7 @@ mod recovery;
 mod roles;
 mod rolling;
 mod security;
+mod shadows;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]
 mod support;

@@ -230,29 +230,30 @@ async fn keep_extensions(config: &InstanceConfig, database: &crate::api::roles::
     let installed = names(
         query(&inside, "reading the extensions", "SELECT extname::text FROM pg_catalog.pg_extension", &[]).await?,
     );
-    let available = names(
-        query(
-            &inside,
-            "reading the available extensions",
-            "SELECT name::text FROM pg_catalog.pg_available_extensions",
-            &[],
-        )
-        .await?,
-    );
+    // With each, the schema its control file fixes (None: relocatable, made in `public`).
+    let sql = "SELECT e.name::text, v.schema::text FROM pg_catalog.pg_available_extensions e \
+        LEFT JOIN pg_catalog.pg_available_extension_versions v ON v.name = e.name AND v.version = e.default_version";
+    let available: BTreeMap<String, Option<String>> = query(&inside, "reading the available extensions", sql, &[])
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
     let statements = plan::extension_statements(database, &installed, &available)?;
     execute(&inside, &statements).await
 }
 
 /// Makes the pooler's `auth_query` function in `database` unless it is there as made (SECURITY
-/// DEFINER, executable by the pooler's role): no catalog write in a steady pass.
+/// DEFINER, its search_path pinned, executable by the pooler's role): no catalog write in a
+/// steady pass.
 async fn keep_auth_function(config: &InstanceConfig, database: &str) -> Result<(), String> {
     use crate::api::pooler::{auth_function_statements, POOLER_ROLE, POOLER_SCHEMA};
     let inside = connect(config, &config.superuser, database).await.map_err(|error| error.to_string())?;
     let sql = format!(
-        "SELECT p.prosecdef AND has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
-         AND NOT has_function_privilege('public', p.oid, 'EXECUTE') \
+        "SELECT p.prosecdef AND pg_catalog.has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
+         AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') \
          FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
-         WHERE n.nspname = '{POOLER_SCHEMA}' AND p.proname = 'user_password'"
+         WHERE n.nspname = '{POOLER_SCHEMA}' AND p.proname = 'user_password' \
+         AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']"
     );
     let rows = query(&inside, "reading the pooler's function", &sql, &[]).await?;
     if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {

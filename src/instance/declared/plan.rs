@@ -5,7 +5,7 @@
 use crate::api::roles::{DatabaseSpec, RoleSpec};
 use crate::instance::roles::{identifier, literal};
 use crate::instance::scram;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A role as `pg_authid` and `pg_auth_members` show it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -116,16 +116,18 @@ pub fn database_removal(database: &str) -> Statement {
 }
 
 /// The extension statements of one database, or the message of why it cannot be as declared
-/// (an extension the image does not have).
+/// (an extension the image does not have). `available` maps each to the schema its control file
+/// fixes, if any; the others go to `public`, named: the agent's search_path is `pg_catalog` first,
+/// so without a schema they would be made there.
 pub fn extension_statements(
     database: &DatabaseSpec,
     installed: &BTreeSet<String>,
-    available: &BTreeSet<String>,
+    available: &BTreeMap<String, Option<String>>,
 ) -> Result<Vec<Statement>, String> {
     let missing: Vec<&str> = database
         .extensions
         .iter()
-        .filter(|extension| extension.present() && !available.contains(&extension.name))
+        .filter(|extension| extension.present() && !available.contains_key(&extension.name))
         .map(|extension| extension.name.as_str())
         .collect();
     if !missing.is_empty() {
@@ -135,7 +137,14 @@ pub fn extension_statements(
         .extensions
         .iter()
         .filter_map(|extension| match (extension.present(), installed.contains(&extension.name)) {
-            (true, false) => Some(format!("CREATE EXTENSION IF NOT EXISTS {}", identifier(&extension.name))),
+            (true, false) => {
+                let schema = available.get(&extension.name).cloned().flatten().unwrap_or_else(|| "public".into());
+                Some(format!(
+                    "CREATE EXTENSION IF NOT EXISTS {} SCHEMA {}",
+                    identifier(&extension.name),
+                    identifier(&schema)
+                ))
+            }
             (false, true) => Some(format!("DROP EXTENSION IF EXISTS {}", identifier(&extension.name))),
             _ => None,
         })
@@ -222,13 +231,24 @@ mod tests {
             ["ALTER DATABASE \"analytics\" OWNER TO \"app\""]
         );
         assert!(database_statements(&database, Some("app"), "app").is_empty());
-        let available: BTreeSet<String> = ["pg_trgm".to_string(), "hstore".to_string()].into();
+        let available: BTreeMap<String, Option<String>> =
+            [("pg_trgm".to_string(), None), ("hstore".to_string(), Some("pg_catalog".to_string()))].into();
         let installed: BTreeSet<String> = ["hstore".to_string()].into();
         assert_eq!(
             sql(&extension_statements(&database, &installed, &available).unwrap()),
-            ["CREATE EXTENSION IF NOT EXISTS \"pg_trgm\"", "DROP EXTENSION IF EXISTS \"hstore\""]
+            ["CREATE EXTENSION IF NOT EXISTS \"pg_trgm\" SCHEMA \"public\"", "DROP EXTENSION IF EXISTS \"hstore\""]
         );
-        let missing = extension_statements(&database, &installed, &BTreeSet::new()).unwrap_err();
+        let fixed = extension_statements(&database, &BTreeSet::new(), &available).unwrap();
+        assert_eq!(fixed[0].sql, "CREATE EXTENSION IF NOT EXISTS \"pg_trgm\" SCHEMA \"public\"");
+        let hstore = DatabaseSpec {
+            extensions: vec![ExtensionSpec { name: "hstore".into(), ensure: None }],
+            ..database.clone()
+        };
+        assert_eq!(
+            sql(&extension_statements(&hstore, &BTreeSet::new(), &available).unwrap()),
+            ["CREATE EXTENSION IF NOT EXISTS \"hstore\" SCHEMA \"pg_catalog\""]
+        );
+        let missing = extension_statements(&database, &installed, &BTreeMap::new()).unwrap_err();
         assert!(missing.contains("pg_trgm"), "{missing}");
         assert_eq!(database_removal("x").sql, "DROP DATABASE IF EXISTS \"x\" WITH (FORCE)");
     }
