@@ -23,7 +23,6 @@ use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Keys of the credentials Secret that an operator before Secret NAME-replication wrote.
 pub const REPLICATION_KEYS: [&str; 2] = ["replication-username", "replication-password"];
@@ -88,6 +87,9 @@ pub fn decide_rewrite(
     (!rewrite.set.is_empty() || !rewrite.remove.is_empty()).then_some(rewrite)
 }
 
+/// Builds a Secret in today's form around a password.
+type TodaysForm<'a> = &'a (dyn Fn(&str) -> Secret + Sync);
+
 /// Rewriting an old Secret failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteCredentialsError {
@@ -114,7 +116,7 @@ pub async fn keep_credentials_form(
     let drop: &[&str] = if observed.replication.is_some() { &REPLICATION_KEYS } else { &[] };
     let credentials = |password: &str| credentials_secret(database, password);
     let superuser = |password: &str| superuser_secret(database, password);
-    let secrets: [(Option<&Arc<PartialObjectMeta<Secret>>>, &(dyn Fn(&str) -> Secret + Sync), &[&str]); 2] =
+    let secrets: [(_, TodaysForm<'_>, &[&str]); 2] =
         [(observed.credentials.as_ref(), &credentials, drop), (observed.superuser.as_ref(), &superuser, &[])];
     for (cached, today, drop) in secrets {
         let Some(cached) = cached else { continue };
@@ -132,7 +134,7 @@ pub async fn keep_credentials_form(
 async fn rewrite_one(
     database: &DatabaseService,
     cached: &PartialObjectMeta<Secret>,
-    today: &(dyn Fn(&str) -> Secret + Sync),
+    today: TodaysForm<'_>,
     drop: &[&str],
     context: &PassContext,
 ) -> Result<Option<String>, RewriteCredentialsError> {
