@@ -1,5 +1,7 @@
 //! Build (pure): environment variables of the containers the operator creates. Secrets are
-//! referenced by key, never copied into a value.
+//! referenced by key, never copied into a value, and only for keys that name (a username, a
+//! database): a credential (password, token, key) reaches a process as a file of a Secret volume,
+//! named by a `*_FILE` variable (issue 37; the test below checks every pod the operator makes).
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector};
 
