@@ -45,20 +45,25 @@ impl VerifyFull {
 
     /// Trusts the certificates in `pem`; None when there is none.
     pub fn from_pem(pem: &[u8]) -> Option<Self> {
-        let mut roots = rustls::RootCertStore::empty();
-        let (added, _ignored) =
-            roots.add_parsable_certificates(CertificateDer::pem_slice_iter(pem).filter_map(Result::ok));
-        if added == 0 {
-            return None;
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .ok()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Some(Self { config: Arc::new(config) })
+        Some(Self { config: Arc::new(verifying_client_config(pem)?) })
     }
+}
+
+/// A rustls client configuration that trusts only the CAs in `pem` (no system roots, no client
+/// certificate); None when `pem` holds no certificate.
+pub fn verifying_client_config(pem: &[u8]) -> Option<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(CertificateDer::pem_slice_iter(pem).filter_map(Result::ok));
+    if added == 0 {
+        return None;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Some(config)
 }
 
 impl<S> MakeTlsConnect<S> for VerifyFull

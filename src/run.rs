@@ -143,6 +143,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             pooler_image: args.pooler_image.clone(),
         },
         failover_timers: Default::default(),
+        checked_secrets: Default::default(),
     });
     let controller_task = tokio::spawn(run_while_leader(client, context, leader, shutdown.clone()));
     let _ = shutdown.wait_for(|stop| *stop).await;

@@ -28,9 +28,16 @@ pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM dbservice_pooler.user_
 pub const READ_WRITE_PORT: i32 = 6432;
 /// Port of the read-only PgBouncer in the pod.
 pub const READ_ONLY_PORT: i32 = 6433;
-/// Port of the pooler agent's HTTP server: /metrics, /healthz, and the operator's /pause and
-/// /resume (those need the token of Secret NAME-pooler).
+/// Port of the pooler agent's plain HTTP server: /metrics and /healthz (nothing secret).
 pub const POOLER_AGENT_PORT: i32 = 9127;
+/// Port of the pooler agent's HTTPS server: the operator's POST /pause, with the token of Secret
+/// NAME-pooler, over TLS with the database's server certificate (a sniffer on the pod network
+/// must not learn the token).
+pub const POOLER_CONTROL_PORT: i32 = 9128;
+/// Where the pooler agent container mounts its keys of Secret NAME-pooler as files
+/// ([`ADMIN_PASSWORD_KEY`], [`AUTH_PASSWORD_KEY`], [`CONTROL_TOKEN_KEY`]): no credential is in a
+/// pooler pod's environment.
+pub const AGENT_SECRET_DIRECTORY: &str = "/etc/pooler-agent-secret";
 /// Where the pooler agent writes PgBouncer's configuration and PgBouncer puts its sockets.
 pub const RUN_DIRECTORY: &str = "/run/pgbouncer";
 /// Where a pooler pod mounts the database's server certificate (`tls.crt`, `tls.key`).
@@ -41,7 +48,7 @@ pub const CA_DIRECTORY: &str = "/etc/pgbouncer-ca";
 pub const AUTH_PASSWORD_KEY: &str = "auth-password";
 /// See [`AUTH_PASSWORD_KEY`].
 pub const ADMIN_PASSWORD_KEY: &str = "admin-password";
-/// See [`AUTH_PASSWORD_KEY`]: the bearer token of the agent's /pause and /resume.
+/// See [`AUTH_PASSWORD_KEY`]: the bearer token of the agent's /pause.
 pub const CONTROL_TOKEN_KEY: &str = "control-token";
 
 /// Default pooler pods.

@@ -22,6 +22,9 @@ pub struct Context {
     pub settings: ControllerSettings,
     /// Failover timers on this process's clock (kept across leadership terms).
     pub failover_timers: crate::operator::database::failover::clock::TimerClock,
+    /// The resourceVersions at which the database Secrets were found in today's form (so that
+    /// a Secret's data is read once per change, not on every pass).
+    pub checked_secrets: crate::operator::database::checked_secrets::CheckedSecrets,
 }
 
 /// State of one leadership term: the caches are built when leadership starts and dropped when it ends.

@@ -1,23 +1,29 @@
 //! The pooler agent (issue 25): `dbservice-operator pooler run`, beside the two PgBouncers of
 //! every pooler pod. It reads its DatabaseService's status and points the read-write PgBouncer at
 //! the current primary (the included `rw-databases.ini`, then RELOAD and RECONNECT); it pauses
-//! that PgBouncer when the operator asks before a switchover (POST /pause with the token of
-//! Secret NAME-pooler) and resumes it once the switchover has ended ([`pause::step`]); it serves
-//! the pools' metrics on /metrics and its readiness on /healthz; and it has both PgBouncers
-//! RELOAD when the kubelet swapped in a renewed certificate.
+//! that PgBouncer when the operator asks before a switchover (POST /pause over HTTPS, with the
+//! token of Secret NAME-pooler) and resumes it once the switchover has ended ([`pause::step`]);
+//! it serves the pools' metrics on /metrics and its readiness on /healthz (plain HTTP); and it
+//! has both PgBouncers RELOAD when the kubelet swapped in a renewed certificate. Its passwords
+//! and token are files ([`credentials`]), never environment variables.
 
 pub mod admin;
+pub mod credentials;
 pub mod metrics;
 pub mod pause;
 mod server;
 
+use crate::admission::limits::ServerLimits;
+use crate::admission::tls::ReloadingCertificate;
 use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::POSTGRES_PORT;
 use crate::api::pooler::{CA_DIRECTORY, READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY, TLS_DIRECTORY};
 use admin::Pool;
 use anyhow::Context;
+use credentials::AgentCredentials;
 use pause::{Action, Observed, PauseState};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
@@ -76,19 +82,23 @@ pub struct PoolerRunArgs {
     /// Its namespace.
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: String,
-    /// PgBouncer's admin password (Secret NAME-pooler).
-    #[arg(long, env = "POOLER_ADMIN_PASSWORD", hide_env_values = true)]
-    pub admin_password: String,
-    /// The pooler role's password (Secret NAME-pooler): the agent logs in through its PgBouncer
-    /// once before the pod is ready.
-    #[arg(long, env = "POOLER_AUTH_PASSWORD", hide_env_values = true)]
-    pub auth_password: String,
-    /// Bearer token of POST /pause (Secret NAME-pooler).
-    #[arg(long, env = "POOLER_CONTROL_TOKEN", hide_env_values = true)]
-    pub control_token: String,
-    /// Address of the HTTP server (/healthz, /metrics, /pause).
+    /// File of PgBouncer's admin password (a key of Secret NAME-pooler, mounted).
+    #[arg(long, env = "POOLER_ADMIN_PASSWORD_FILE")]
+    pub admin_password_file: PathBuf,
+    /// File of the pooler role's password (Secret NAME-pooler): the agent logs in through its
+    /// PgBouncer once before the pod is ready.
+    #[arg(long, env = "POOLER_AUTH_PASSWORD_FILE")]
+    pub auth_password_file: PathBuf,
+    /// File of the bearer token of POST /pause (Secret NAME-pooler).
+    #[arg(long, env = "POOLER_CONTROL_TOKEN_FILE")]
+    pub control_token_file: PathBuf,
+    /// Address of the plain HTTP server (/healthz, /metrics: nothing secret).
     #[arg(long, default_value = "0.0.0.0:9127")]
     pub listen: std::net::SocketAddr,
+    /// Address of the HTTPS server (POST /pause), served with the database's server certificate
+    /// of the pod's TLS directory.
+    #[arg(long, default_value = "0.0.0.0:9128")]
+    pub control_listen: std::net::SocketAddr,
 }
 
 /// What the HTTP server and the loop share.
@@ -108,6 +118,9 @@ pub type PauseRequest = (String, oneshot::Sender<Result<(), String>>);
 
 struct Agent {
     args: PoolerRunArgs,
+    credentials: AgentCredentials,
+    /// The control server's certificate (the database's server certificate, reloaded with it).
+    control_certificate: Arc<ReloadingCertificate>,
     shared: Arc<Mutex<Shared>>,
     state: PauseState,
     pointed: Option<String>,
@@ -137,7 +150,8 @@ impl Agent {
         }
         let proven = match self.databases.first() {
             Some(database) => {
-                match admin::login(READ_WRITE, &self.args.auth_password, database, admin::COMMAND_TIMEOUT).await {
+                match admin::login(READ_WRITE, &self.credentials.auth_password, database, admin::COMMAND_TIMEOUT).await
+                {
                     Ok(()) => true,
                     Err(error) => {
                         tracing::info!(%error, "no server login through the read-write pool yet: not ready");
@@ -161,6 +175,11 @@ impl Agent {
             return;
         }
         self.certificates_checked = Some(Instant::now());
+        match self.control_certificate.reload() {
+            Ok(true) => tracing::info!("the control server serves the renewed certificate"),
+            Ok(false) => {}
+            Err(error) => tracing::warn!(%error, "the control server keeps its certificate"),
+        }
         let Some(now) = certificate_fingerprint() else { return };
         let Some(loaded) = self.certificates else {
             // What the PgBouncers started with (they start after the agent's first pointing).
@@ -184,7 +203,7 @@ impl Agent {
     }
 
     async fn admin(&self, pool: Pool, command: &str, timeout: Duration) -> Result<(), admin::AdminCommandError> {
-        admin::run(pool, &self.args.admin_password, command, timeout).await.map(|_| ())
+        admin::run(pool, &self.credentials.admin_password, command, timeout).await.map(|_| ())
     }
 
     /// The read-write [databases] for `instance`: each pooled database by name (PgBouncer keeps
@@ -320,6 +339,45 @@ async fn observe(databases: &kube::Api<DatabaseService>, name: &str) -> Option<(
     Some((observed, pooled))
 }
 
+/// Starts the plain server (/healthz, /metrics) and the HTTPS one (/pause, with the database's
+/// server certificate of [`TLS_DIRECTORY`]); the certificate, for the agent to reload.
+async fn serve(
+    args: &PoolerRunArgs,
+    credentials: &AgentCredentials,
+    shared: Arc<Mutex<Shared>>,
+    requests: mpsc::Sender<PauseRequest>,
+) -> anyhow::Result<Arc<ReloadingCertificate>> {
+    crate::admission::tls::install_crypto_provider();
+    let state = server::ServerState {
+        shared,
+        requests,
+        token: credentials.control_token.clone(),
+        admin_password: credentials.admin_password.clone(),
+        scrapes: Arc::new(tokio::sync::Semaphore::new(1)),
+    };
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
+    let router = server::router(state.clone());
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the pooler agent's HTTP server stopped");
+        }
+    });
+    let tls = std::path::Path::new(TLS_DIRECTORY);
+    let certificate = ReloadingCertificate::load(&tls.join("tls.crt"), &tls.join("tls.key"))
+        .context("the server certificate of the control server")?;
+    let control = crate::admission::server::bind(args.control_listen, "--control-listen").await?;
+    let router = server::control_router(state);
+    let served = certificate.clone();
+    tokio::spawn(async move {
+        // Never told to stop (the pod's end ends it); the sender lives as long as the server, as
+        // a closed channel would read as a stop.
+        let (_stop, never) = tokio::sync::watch::channel(false);
+        crate::admission::server::serve_tls(control, router, served, ServerLimits::default(), never).await;
+    });
+    Ok(certificate)
+}
+
 /// Runs the pooler agent until SIGTERM.
 pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
     let mut kube_config = kube::Config::infer().await.context("in-cluster Kubernetes configuration")?;
@@ -330,24 +388,15 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (requests, mut pause_requests) = mpsc::channel::<PauseRequest>(4);
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("--listen {}", args.listen))?;
-    let router = server::router(server::ServerState {
-        shared: shared.clone(),
-        requests,
-        token: args.control_token.clone(),
-        admin_password: args.admin_password.clone(),
-        scrapes: Arc::new(tokio::sync::Semaphore::new(1)),
-    });
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
-            tracing::error!(%error, "the pooler agent's HTTP server stopped");
-        }
-    });
+    let credentials =
+        AgentCredentials::read(&args.admin_password_file, &args.auth_password_file, &args.control_token_file)?;
+    let control_certificate = serve(&args, &credentials, shared.clone(), requests).await?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let name = args.database.clone();
     let mut agent = Agent {
         args,
+        credentials,
+        control_certificate,
         shared,
         state: PauseState::Running,
         pointed: None,

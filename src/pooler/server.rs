@@ -1,6 +1,9 @@
-//! The pooler agent's HTTP server: GET /healthz (ready once the read-write PgBouncer runs and a
-//! login through it reached the primary), GET /metrics (one scrape at a time, each PgBouncer asked
-//! within a bound) and POST /pause (the operator, with the bearer token; a body of at most 1 KiB).
+//! The pooler agent's HTTP servers. Plain HTTP ([`router`]): GET /healthz (ready once the
+//! read-write PgBouncer runs and a login through it reached the primary) and GET /metrics (one
+//! scrape at a time, each PgBouncer asked within a bound), nothing secret. HTTPS
+//! ([`control_router`], on its own port with the database's server certificate): POST /pause
+//! (the operator, with the bearer token; a body of at most 1 KiB), so that the token never
+//! crosses the pod network in clear.
 
 use crate::pooler::admin::{self, Pool};
 use crate::pooler::metrics::{families, PoolRows};
@@ -34,14 +37,14 @@ pub struct ServerState {
     pub scrapes: Arc<Semaphore>,
 }
 
-/// The router of the agent's HTTP server.
+/// The router of the agent's plain HTTP server (probes and scrapes; no /pause).
 pub fn router(state: ServerState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/pause", post(pause))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
+    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics)).with_state(state)
+}
+
+/// The router of the agent's HTTPS server: /pause only.
+pub fn control_router(state: ServerState) -> Router {
+    Router::new().route("/pause", post(pause)).layer(DefaultBodyLimit::max(MAX_BODY)).with_state(state)
 }
 
 async fn healthz(State(state): State<ServerState>) -> StatusCode {
@@ -146,7 +149,13 @@ mod tests {
     #[tokio::test]
     async fn pause_needs_the_token_and_a_target_and_answers_what_the_agent_says() {
         let (state, mut receiver) = state();
-        let app = router(state.clone());
+        let app = control_router(state.clone());
+        let near_miss = app.clone().oneshot(pause_request(Some("secret-tokeN"), r#"{"target":"db-1"}"#)).await;
+        assert_eq!(near_miss.unwrap().status(), StatusCode::UNAUTHORIZED);
+        let prefix = app.clone().oneshot(pause_request(Some("secret-toke"), r#"{"target":"db-1"}"#)).await;
+        assert_eq!(prefix.unwrap().status(), StatusCode::UNAUTHORIZED);
+        let empty = app.clone().oneshot(pause_request(Some(""), r#"{"target":"db-1"}"#)).await;
+        assert_eq!(empty.unwrap().status(), StatusCode::UNAUTHORIZED);
         let refused = app.clone().oneshot(pause_request(Some("wrong"), r#"{"target":"db-1"}"#)).await.unwrap();
         assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
         let anonymous = app.clone().oneshot(pause_request(None, r#"{"target":"db-1"}"#)).await.unwrap();
@@ -165,6 +174,20 @@ mod tests {
         assert_eq!(paused.status(), StatusCode::OK);
         let body = paused.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"paused\n");
+    }
+
+    #[tokio::test]
+    async fn the_plain_server_has_no_pause() {
+        let (state, mut receiver) = state();
+        let plain = router(state).oneshot(pause_request(Some("secret-token"), r#"{"target":"db-1"}"#)).await;
+        assert_eq!(plain.unwrap().status(), StatusCode::NOT_FOUND);
+        assert!(receiver.try_recv().is_err(), "nothing reached the agent");
+    }
+
+    #[test]
+    fn the_token_comparison_wants_every_byte() {
+        assert!(same_secret(b"token", b"token"));
+        assert!(!same_secret(b"token", b"tokem") && !same_secret(b"toke", b"token") && !same_secret(b"", b"token"));
     }
 
     #[tokio::test]

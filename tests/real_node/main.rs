@@ -10,6 +10,7 @@
 
 mod backups;
 mod configuration;
+mod credentials;
 mod diagnostics;
 mod environment;
 mod failover;

@@ -227,9 +227,11 @@ operator pods, which read children with GET, still run under the new rules.
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 # Secrets NAME-credentials and NAME-superuser: created once (metadata watched, never the data);
-# get only to tell our Secret from someone else's after a create conflict, and to sign with the
-# database's CA (NAME-ca) when its server certificate NAME-tls is issued (patch); deleted on
-# deletionPolicy Delete.
+# get only to tell our Secret from someone else's after a create conflict, to sign with the
+# database's CA (NAME-ca) when its server certificate NAME-tls is issued (patch), to read the
+# pooler's control token (NAME-pooler), and once per change of NAME-credentials / NAME-superuser
+# to rewrite one an older operator wrote (patch: the uri, the replication keys; passwords kept);
+# deleted on deletionPolicy Delete.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -149,6 +149,7 @@ fn backup_environment(
     let mut environment = vec![
         plain_env("PGHOST", source_host(database, backup.spec.target.unwrap_or_default())),
         plain_env("PGPORT", POSTGRES_PORT.to_string()),
+        // A role's name is no credential (libpq reads PGUSER); its password is a file.
         secret_env("PGUSER", &replication, "username"),
         plain_env("DBSERVICE_BACKUP_PASSWORD_FILE", format!("{REPLICATION_DIRECTORY}/password")),
         // pg_switch_wal() on the primary completes the backup's last segment at once; the

@@ -7,6 +7,7 @@ use crate::operator::context::PassContext;
 use crate::operator::database::apply::{apply, clear_switchover_request, ApplyFailed};
 use crate::operator::database::archiving::ArchivingHealth;
 use crate::operator::database::build::{desired, generate_password, NewPasswords};
+use crate::operator::database::credentials_form::keep_credentials_form;
 use crate::operator::database::decide::{credentials_conflict, decide, journal_applied, DecideInput};
 use crate::operator::database::error::ReconcileError;
 use crate::operator::database::failover::clock::running_timer;
@@ -180,6 +181,12 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     }
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
+    }
+    // A Secret an older operator wrote (a uri without verify-full, the replication keys) is
+    // brought to today's form; a failure is retried by the next pass and holds nothing else.
+    let rewritten = keep_credentials_form(database, &observed, context, &mut decision.journal, now).await;
+    if let Err(error) = rewritten {
+        tracing::warn!(%error, "the database's Secrets keep their old form for now");
     }
     // Before the switchover is published: the old primary stops only once the pools are paused.
     if let Some(target) = switchover_starting(database, &decision.status) {

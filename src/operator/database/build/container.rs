@@ -28,6 +28,8 @@ fn postgres_environment(database: &DatabaseService, with_agent: bool) -> Vec<Env
         // Passwords as files, never in the environment (which every child process, PostgreSQL's
         // among them, would inherit); *_FILE as the official image names them.
         plain_env("POSTGRES_PASSWORD_FILE", format!("{SUPERUSER_DIRECTORY}/password")),
+        // Names, not credentials, may stay variables (the image's entrypoint reads POSTGRES_DB
+        // so); by reference, so that the Secret stays the one place they are written.
         secret_env("POSTGRES_DB", &secret, "database"),
         secret_env("APPLICATION_USER", &secret, "username"),
         plain_env("APPLICATION_PASSWORD_FILE", format!("{CREDENTIALS_DIRECTORY}/password")),

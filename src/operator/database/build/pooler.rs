@@ -8,16 +8,17 @@ use crate::api::database_service::DatabaseService;
 use crate::api::names::{labels, owner_reference, ChildNames, INSTANCE_LABEL};
 use crate::api::pod::{OPERATOR_BINARY, POSTGRES_PORT};
 use crate::api::pooler::{
-    PoolerSpec, ADMIN_PASSWORD_KEY, AUTH_PASSWORD_KEY, AUTH_QUERY, CA_DIRECTORY, CONTROL_TOKEN_KEY, POOLER_ADMIN,
-    POOLER_AGENT_PORT, POOLER_ROLE, READ_ONLY_PORT, READ_WRITE_PORT, RUN_DIRECTORY, TLS_DIRECTORY,
+    PoolerSpec, ADMIN_PASSWORD_KEY, AGENT_SECRET_DIRECTORY, AUTH_PASSWORD_KEY, AUTH_QUERY, CA_DIRECTORY,
+    CONTROL_TOKEN_KEY, POOLER_ADMIN, POOLER_AGENT_PORT, POOLER_CONTROL_PORT, POOLER_ROLE, READ_ONLY_PORT,
+    READ_WRITE_PORT, RUN_DIRECTORY, TLS_DIRECTORY,
 };
 use crate::operator::database::build::{metadata, restricted_security_context};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
-    LifecycleHandler, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, Service, ServiceAccount,
-    ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Affinity, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, KeyToPath,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, Service, ServiceAccount, ServicePort,
+    ServiceSpec, TCPSocketAction, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -248,17 +249,6 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), read_only: Some(true), ..Default::default() }
 }
 
-fn secret_variable(variable: &str, secret: &str, key: &str) -> EnvVar {
-    EnvVar {
-        name: variable.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector { name: secret.into(), key: key.into(), ..Default::default() }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn plain(variable: &str, value: &str) -> EnvVar {
     EnvVar { name: variable.into(), value: Some(value.into()), ..Default::default() }
 }
@@ -311,8 +301,24 @@ fn pgbouncer_container(pooler: &PoolerSpec, image: &str, pool: &str, port: i32) 
     }
 }
 
+/// The agent's keys of Secret NAME-pooler, as files of [`AGENT_SECRET_DIRECTORY`] (never in the
+/// environment: `kubectl get pod` would not show them, but every process of the container could
+/// read them from `/proc/1/environ`), and the variables naming the files.
+const AGENT_SECRET_FILES: [(&str, &str); 3] = [
+    ("POOLER_ADMIN_PASSWORD_FILE", ADMIN_PASSWORD_KEY),
+    ("POOLER_AUTH_PASSWORD_FILE", AUTH_PASSWORD_KEY),
+    ("POOLER_CONTROL_TOKEN_FILE", CONTROL_TOKEN_KEY),
+];
+
 fn agent_container(database: &DatabaseService, agent_image: &str) -> Container {
-    let secret = ChildNames::pooler(&database.name_any());
+    let files =
+        AGENT_SECRET_FILES.iter().map(|(variable, key)| plain(variable, &format!("{AGENT_SECRET_DIRECTORY}/{key}")));
+    let port = |name: &str, number: i32| ContainerPort {
+        name: Some(name.into()),
+        container_port: number,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
     let field = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector { field_path: path.into(), ..Default::default() }),
         ..Default::default()
@@ -321,24 +327,22 @@ fn agent_container(database: &DatabaseService, agent_image: &str) -> Container {
         name: "pooler-agent".into(),
         image: Some(agent_image.into()),
         command: Some(vec![OPERATOR_BINARY.into(), "pooler".into(), "run".into()]),
-        env: Some(vec![
-            plain("DATABASE_NAME", &database.name_any()),
-            EnvVar {
-                name: "POD_NAMESPACE".into(),
-                value_from: Some(field("metadata.namespace")),
-                ..Default::default()
-            },
-            EnvVar { name: "POD_NAME".into(), value_from: Some(field("metadata.name")), ..Default::default() },
-            secret_variable("POOLER_ADMIN_PASSWORD", &secret, ADMIN_PASSWORD_KEY),
-            secret_variable("POOLER_AUTH_PASSWORD", &secret, AUTH_PASSWORD_KEY),
-            secret_variable("POOLER_CONTROL_TOKEN", &secret, CONTROL_TOKEN_KEY),
-        ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("metrics".into()),
-            container_port: POOLER_AGENT_PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        env: Some(
+            vec![
+                plain("DATABASE_NAME", &database.name_any()),
+                EnvVar {
+                    name: "POD_NAMESPACE".into(),
+                    value_from: Some(field("metadata.namespace")),
+                    ..Default::default()
+                },
+                EnvVar { name: "POD_NAME".into(), value_from: Some(field("metadata.name")), ..Default::default() },
+            ]
+            .into_iter()
+            .chain(files)
+            .collect(),
+        ),
+        // Plain metrics and probes; /pause over TLS on its own port.
+        ports: Some(vec![port("metrics", POOLER_AGENT_PORT), port("control", POOLER_CONTROL_PORT)]),
         readiness_probe: Some(Probe {
             http_get: Some(k8s_openapi::api::core::v1::HTTPGetAction {
                 path: Some("/healthz".into()),
@@ -354,7 +358,28 @@ fn agent_container(database: &DatabaseService, agent_image: &str) -> Container {
             VolumeMount { name: "run".into(), mount_path: RUN_DIRECTORY.into(), ..Default::default() },
             mount("tls", TLS_DIRECTORY),
             mount("ca", CA_DIRECTORY),
+            mount("agent-secret", AGENT_SECRET_DIRECTORY),
         ]),
+        ..Default::default()
+    }
+}
+
+/// Only the agent's keys of Secret NAME-pooler, readable by the pod's group (the kubelet makes the
+/// files root's and the fsGroup's; the containers run as that group's user).
+fn agent_secret_volume(secret: String) -> Volume {
+    let items = AGENT_SECRET_FILES
+        .iter()
+        .map(|(_, key)| KeyToPath { key: key.to_string(), path: key.to_string(), ..Default::default() })
+        .collect();
+    Volume {
+        name: "agent-secret".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret),
+            items: Some(items),
+            default_mode: Some(0o440),
+            optional: Some(false),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -372,7 +397,7 @@ fn volumes(database: &DatabaseService, server_certificate: &str) -> Vec<Volume> 
             name: "secret".into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(ChildNames::pooler(&name)),
-                items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                items: Some(vec![KeyToPath {
                     key: "userlist.txt".into(),
                     path: "userlist.txt".into(),
                     ..Default::default()
@@ -381,6 +406,7 @@ fn volumes(database: &DatabaseService, server_certificate: &str) -> Vec<Volume> 
             }),
             ..Default::default()
         },
+        agent_secret_volume(ChildNames::pooler(&name)),
         Volume {
             name: "tls".into(),
             secret: Some(SecretVolumeSource { secret_name: Some(server_certificate.into()), ..Default::default() }),
@@ -568,6 +594,34 @@ mod tests {
             String::from_utf8(secret["userlist.txt"].0.clone()).unwrap(),
             "\"dbservice_pooler\" \"a\"\n\"dbservice_pooler_admin\" \"b\"\n"
         );
+    }
+
+    #[test]
+    fn the_agent_reads_its_passwords_and_token_from_files_and_serves_pause_on_its_own_port() {
+        let template = children(serde_json::json!({})).deployment.spec.template.spec.unwrap();
+        let agent = &template.containers[0];
+        let environment: BTreeMap<&str, Option<&str>> =
+            agent.env.iter().flatten().map(|variable| (variable.name.as_str(), variable.value.as_deref())).collect();
+        assert_eq!(environment["POOLER_CONTROL_TOKEN_FILE"], Some("/etc/pooler-agent-secret/control-token"));
+        assert_eq!(environment["POOLER_ADMIN_PASSWORD_FILE"], Some("/etc/pooler-agent-secret/admin-password"));
+        assert!(agent
+            .env
+            .iter()
+            .flatten()
+            .all(|variable| variable.value_from.as_ref().is_none_or(|from| from.secret_key_ref.is_none())));
+        let mounted = agent.volume_mounts.iter().flatten().find(|mount| mount.name == "agent-secret").unwrap();
+        assert_eq!((mounted.mount_path.as_str(), mounted.read_only), (AGENT_SECRET_DIRECTORY, Some(true)));
+        let volume = template.volumes.iter().flatten().find(|volume| volume.name == "agent-secret").unwrap();
+        let source = volume.secret.as_ref().unwrap();
+        assert_eq!(source.default_mode, Some(0o440));
+        let keys: Vec<&str> = source.items.iter().flatten().map(|item| item.key.as_str()).collect();
+        assert_eq!(keys, ["admin-password", "auth-password", "control-token"], "not userlist.txt");
+        // PgBouncer gets none of them.
+        assert!(template.containers[1..]
+            .iter()
+            .all(|container| { container.volume_mounts.iter().flatten().all(|mount| mount.name != "agent-secret") }));
+        let ports: Vec<i32> = agent.ports.iter().flatten().map(|port| port.container_port).collect();
+        assert_eq!(ports, [POOLER_AGENT_PORT, POOLER_CONTROL_PORT]);
     }
 
     #[test]
