@@ -36,7 +36,7 @@ pub struct AgentCredentials {
 // Never prints a value.
 impl std::fmt::Debug for AgentCredentials {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("AgentCredentials(..)")
+        formatter.debug_struct("AgentCredentials").finish_non_exhaustive()
     }
 }
 
