@@ -94,25 +94,26 @@ pub fn operator_written(config: &InstanceConfig, synchronous_applied: Option<&st
     written
 }
 
-/// The owned settings of postgresql.auto.conf in `rows` that differ from what the operator
-/// writes there (`written`), each once, by name.
+/// The owned settings of postgresql.auto.conf in `rows` (in file order) that differ from what
+/// the operator writes there (`written`), each once, by name. A name written more than once
+/// counts by its last line, the one the server applies.
 pub fn put_backs(rows: &[FileSetting], written: &BTreeMap<String, Written>) -> Vec<PutBack> {
-    let mut found = BTreeMap::new();
+    let mut last = BTreeMap::new();
     for row in rows {
         let in_auto_conf = std::path::Path::new(&row.sourcefile).file_name().is_some_and(|file| file == AUTO_CONF);
         let name = row.name.to_ascii_lowercase();
-        if !in_auto_conf || !safe_name(&name) {
-            continue;
+        if in_auto_conf && safe_name(&name) {
+            last.insert(name, row.setting.as_ref());
         }
-        let put_back = match written.get(&name) {
-            None => PutBack::Reset(name.clone()),
-            Some(Written::AnyValue) => continue,
-            Some(Written::Value(value)) if row.setting.as_ref() == Some(value) => continue,
-            Some(Written::Value(value)) => PutBack::Set(name.clone(), value.clone()),
-        };
-        found.insert(name, put_back);
     }
-    found.into_values().collect()
+    last.into_iter()
+        .filter_map(|(name, setting)| match written.get(&name) {
+            None => Some(PutBack::Reset(name)),
+            Some(Written::AnyValue) => None,
+            Some(Written::Value(value)) if setting == Some(value) => None,
+            Some(Written::Value(value)) => Some(PutBack::Set(name, value.clone())),
+        })
+        .collect()
 }
 
 /// When the owned settings were last checked, and the last time some were put back (for the
@@ -202,9 +203,14 @@ mod tests {
     }
 
     #[test]
-    fn a_setting_written_twice_is_put_back_once() {
+    fn a_setting_written_twice_is_put_back_once_and_judged_by_its_last_line() {
         let rows = [row("archive_mode", AUTO, "off"), row("ARCHIVE_MODE", AUTO, "off")];
         assert_eq!(put_backs(&rows, &written()), [PutBack::Reset("archive_mode".into())]);
+        // The operator's own settings may name one twice: the last line is the one applied.
+        let operators = [row("wal_level", AUTO, "minimal"), row("wal_level", AUTO, "replica")];
+        assert_eq!(put_backs(&operators, &written()), []);
+        let changed = [row("wal_level", AUTO, "replica"), row("wal_level", AUTO, "minimal")];
+        assert_eq!(put_backs(&changed, &written()), [PutBack::Set("wal_level".into(), "replica".into())]);
     }
 
     #[test]

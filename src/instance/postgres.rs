@@ -397,11 +397,11 @@ impl Postgres {
         self.bounded(async |client| client.batch_execute(statements).await).await
     }
 
-    /// The entries of the configuration files as they are now, applied or not
+    /// The entries of the configuration files as they are now, applied or not, in file order
     /// (`pg_file_settings`; the agent's session is a superuser's, which may read it).
     pub async fn file_settings(&mut self) -> Result<Vec<FileSetting>, PostgresError> {
         let query = "SELECT name, sourcefile, setting FROM pg_catalog.pg_file_settings \
-                     WHERE name IS NOT NULL AND sourcefile IS NOT NULL";
+                     WHERE name IS NOT NULL AND sourcefile IS NOT NULL ORDER BY sourcefile, seqno";
         let rows = self.bounded(async |client| client.query(query, &[]).await).await?;
         rows.iter()
             .map(|row| Ok(FileSetting { name: row.try_get(0)?, sourcefile: row.try_get(1)?, setting: row.try_get(2)? }))
