@@ -67,3 +67,57 @@ async fn parameters_reload_on_every_instance_and_restart_only_ones_are_reported_
     );
     cluster.shutdown().await;
 }
+
+/// `SHOW name` on `port`.
+async fn shown(port: u16, name: &str) -> Option<String> {
+    loopback::query(port, &format!("SHOW {name}")).await.ok().map(|rows| rows[0].get::<_, String>(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_settings_changed_by_alter_system_are_put_back_and_reported() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0"]).await;
+    let port = cluster.port("db-0");
+    // One the operator writes into postgresql.auto.conf itself ('1s'), one it does not (default 0).
+    for statement in [
+        "ALTER SYSTEM SET wal_retrieve_retry_interval = '7s'",
+        "ALTER SYSTEM SET archive_timeout = '5min'",
+        "ALTER SYSTEM SET work_mem = '9MB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        loopback::query(port, statement).await.unwrap_or_else(|error| panic!("{statement}: {error}"));
+    }
+    let put_back = async || {
+        shown(port, "wal_retrieve_retry_interval").await.as_deref() == Some("1s")
+            && shown(port, "archive_timeout").await.as_deref() == Some("0")
+    };
+    cluster.wait_for("both owned settings put back", Duration::from_secs(40), put_back).await;
+    cluster
+        .wait_for("the revert reported", Duration::from_secs(10), async || {
+            let world = cluster.world.lock().unwrap();
+            world
+                .reports
+                .get("db-0")
+                .and_then(|report| report.owned_settings_reverted.as_ref())
+                .is_some_and(|reverted| reverted.settings.contains(&"archive_timeout".to_string()))
+        })
+        .await;
+    // A setting the operator does not own stays as the superuser set it.
+    assert_eq!(shown(port, "work_mem").await.as_deref(), Some("9MB"));
+    let left = "SELECT count(*)::text FROM pg_catalog.pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf' \
+                AND (name = 'archive_timeout' OR (name = 'wal_retrieve_retry_interval' AND setting <> '1s'))";
+    assert_eq!(cluster.scalar(port, left).await, "0");
+    let first = cluster.world.lock().unwrap().reports["db-0"].owned_settings_reverted.clone().unwrap();
+
+    // Again: put back again, under a new number.
+    loopback::query(port, "ALTER SYSTEM SET archive_timeout = '10min'").await.unwrap();
+    loopback::query(port, "SELECT pg_reload_conf()").await.unwrap();
+    cluster
+        .wait_for("the repeated change put back and reported", Duration::from_secs(40), async || {
+            let reverted = cluster.world.lock().unwrap().reports["db-0"].owned_settings_reverted.clone();
+            reverted.is_some_and(|reverted| reverted.count > first.count && reverted.settings == ["archive_timeout"])
+        })
+        .await;
+    assert_eq!(shown(port, "archive_timeout").await.as_deref(), Some("0"));
+    cluster.shutdown().await;
+}

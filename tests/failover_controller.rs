@@ -44,6 +44,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         declared: None,
         import: None,
         major_upgrade: None,
+        owned_settings_reverted: None,
     }
 }
 

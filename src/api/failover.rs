@@ -78,6 +78,25 @@ pub struct InstanceReport {
     /// binaries, or upgraded and not yet settled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_upgrade: Option<crate::api::major_upgrade::InstanceUpgradeReport>,
+    /// The last time this agent put back settings the operator owns that someone had changed
+    /// with `ALTER SYSTEM` (absent until it first did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_settings_reverted: Option<OwnedSettingsReverted>,
+}
+
+/// Settings the operator owns that an agent found changed in postgresql.auto.conf (an `ALTER
+/// SYSTEM` by someone else) and put back (issue 37). Names only: a value may hold a secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnedSettingsReverted {
+    /// When they were put back (RFC 3339).
+    pub at: String,
+    /// Their names.
+    #[schemars(length(max = 64))]
+    pub settings: Vec<String>,
+    /// How many times the agent has put owned settings back since it started: each revert has
+    /// its own number, so that two in the same second are still told apart.
+    pub count: u64,
 }
 
 /// Whether a primary's WAL archiving works, as its agent last saw it in pg_stat_archiver.
@@ -191,6 +210,9 @@ pub struct InstanceStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub pending_restart: Vec<String>,
+    /// The last time its agent put back settings the operator owns after an `ALTER SYSTEM`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_settings_reverted: Option<OwnedSettingsReverted>,
 }
 
 /// Failover settings (spec.failover, validated by the webhook).

@@ -6,6 +6,7 @@ use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
 use crate::instance::import::ImportKeeper;
+use crate::instance::owned_settings::{self, OwnedSettingsKeeper};
 use crate::instance::postgres::{
     free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
 };
@@ -91,6 +92,8 @@ pub struct Agent<C> {
     slots_checked: Option<Instant>,
     /// `spec.postgresql` in the data directory and the running server.
     configuration: ConfigurationKeeper,
+    /// The settings the operator owns, put back after an `ALTER SYSTEM` by someone else.
+    owned_settings: OwnedSettingsKeeper,
     /// `spec.roles` and `spec.databases`, kept by a primary.
     declared: DeclaredKeeper,
     /// Where the declared roles' passwords are read.
@@ -164,6 +167,7 @@ impl<C: ControlPlane> Agent<C> {
             slot: StandbySlot::default(),
             slots_checked: None,
             configuration: ConfigurationKeeper::default(),
+            owned_settings: OwnedSettingsKeeper::default(),
             declared: DeclaredKeeper::default(),
             secrets: SecretReader::default(),
             import: ImportKeeper::default(),
@@ -282,6 +286,7 @@ impl<C: ControlPlane> Agent<C> {
         self.configuration.want(desired.configuration.as_ref());
         if matches!(local, LocalState::Ready(_)) {
             self.configuration.keep(&self.config, &mut self.postgres).await;
+            self.keep_owned_settings().await;
         }
         self.declared.want(desired.declarations.as_ref());
         self.import.want(desired.import.as_ref());
@@ -436,6 +441,7 @@ impl<C: ControlPlane> Agent<C> {
             declared: self.declared.status().cloned().filter(|_| role == Role::Primary),
             import: self.import.status().cloned().filter(|_| role == Role::Primary),
             major_upgrade: self.upgrade.report(),
+            owned_settings_reverted: self.owned_settings.reverted().cloned(),
         }
     }
 
@@ -884,6 +890,31 @@ impl<C: ControlPlane> Agent<C> {
         tracing::info!(instance = %self.config.name, synchronous_standby_names = %wanted, "synchronous standbys set");
         self.synchronous_applied = Some(wanted);
         Ok(())
+    }
+
+    /// Puts back, every [`owned_settings::CHECK_INTERVAL`], the owned settings someone changed
+    /// with `ALTER SYSTEM` (see [`owned_settings::put_backs`]), and reloads.
+    async fn keep_owned_settings(&mut self) {
+        if !self.owned_settings.due() {
+            return;
+        }
+        let written = owned_settings::operator_written(&self.config, self.synchronous_applied.as_deref());
+        let put_backs = match self.postgres.file_settings().await {
+            Ok(rows) => owned_settings::put_backs(&rows, &written),
+            Err(error) => {
+                return tracing::warn!(instance = %self.config.name, %error, "could not read the owned settings")
+            }
+        };
+        if put_backs.is_empty() {
+            return;
+        }
+        if let Err(error) = self.postgres.put_back(&put_backs).await {
+            return tracing::warn!(instance = %self.config.name, %error, "could not put the owned settings back");
+        }
+        // Names only: a value (archive_command, primary_conninfo) may hold a secret.
+        let settings: Vec<String> = put_backs.iter().map(|put_back| put_back.name().to_string()).collect();
+        tracing::warn!(instance = %self.config.name, ?settings, "owned settings changed by ALTER SYSTEM: put back");
+        self.owned_settings.put_back(settings);
     }
 
     /// Reloads the server when the kubelet swapped in a renewed certificate: new connections

@@ -20,6 +20,7 @@ pub mod kubernetes;
 pub mod major_upgrade;
 pub mod metrics;
 pub mod openmetrics;
+pub mod owned_settings;
 pub mod postgres;
 pub mod recovery;
 pub mod roles;

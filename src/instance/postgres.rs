@@ -8,6 +8,7 @@
 //! socket it needs no TLS, so it adds no crypto stack to the static binary.
 
 use crate::instance::archiving::ArchiverSample;
+use crate::instance::owned_settings::{safe_name, FileSetting, PutBack};
 use crate::instance::session::{self, Sql};
 use crate::instance::InstanceConfig;
 use crate::lsn::Lsn;
@@ -391,6 +392,42 @@ impl Postgres {
     /// Runs `statements` (one batch, no parameters), bounded by the health timeout.
     pub async fn execute(&mut self, statements: &str) -> Result<(), PostgresError> {
         self.bounded(async |client| client.batch_execute(statements).await).await
+    }
+
+    /// The entries of the configuration files as they are now, applied or not, in file order
+    /// (`pg_file_settings`; the agent's session is a superuser's, which may read it).
+    pub async fn file_settings(&mut self) -> Result<Vec<FileSetting>, PostgresError> {
+        let query = "SELECT name, sourcefile, setting FROM pg_catalog.pg_file_settings \
+                     WHERE name IS NOT NULL AND sourcefile IS NOT NULL ORDER BY sourcefile, seqno";
+        let rows = self.bounded(async |client| client.query(query, &[]).await).await?;
+        rows.iter()
+            .map(|row| Ok(FileSetting { name: row.try_get(0)?, sourcefile: row.try_get(1)?, setting: row.try_get(2)? }))
+            .collect()
+    }
+
+    /// Puts owned settings back in postgresql.auto.conf (`ALTER SYSTEM`, one statement per round
+    /// trip: it cannot run in a transaction block), then reloads. Names that are not
+    /// [`safe_name`]s are skipped.
+    pub async fn put_back(&mut self, put_backs: &[PutBack]) -> Result<(), PostgresError> {
+        self.bounded(async |client| {
+            for put_back in put_backs.iter().filter(|put_back| safe_name(put_back.name())) {
+                match put_back {
+                    PutBack::Reset(name) => client.batch_execute(&format!("ALTER SYSTEM RESET {name}")).await?,
+                    PutBack::Set(name, value) => {
+                        let statement: String = client
+                            .query_one(
+                                "SELECT pg_catalog.format('ALTER SYSTEM SET %I = %L', $1::text, $2::text)",
+                                &[name, value],
+                            )
+                            .await?
+                            .try_get(0)?;
+                        client.batch_execute(&statement).await?
+                    }
+                }
+            }
+            client.batch_execute("SELECT pg_catalog.pg_reload_conf()").await
+        })
+        .await
     }
 
     /// Where the next WAL record goes (`pg_current_wal_insert_lsn()`), bounded by the health timeout.

@@ -75,7 +75,9 @@ const REQUIRED_SETTINGS: &[(&str, &str)] = &[
     ("wal_retrieve_retry_interval", "1s"),
 ];
 
-fn persistent_settings(config: &InstanceConfig) -> Vec<(&str, String)> {
+/// The settings every start writes into postgresql.auto.conf: the required ones and the
+/// configured ones (replication, archiving).
+pub fn persistent_settings(config: &InstanceConfig) -> Vec<(&str, String)> {
     REQUIRED_SETTINGS
         .iter()
         .map(|(name, value)| (*name, value.to_string()))

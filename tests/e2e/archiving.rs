@@ -38,6 +38,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         declared: None,
         import: None,
         major_upgrade: None,
+        owned_settings_reverted: None,
         archiving: Some(archiving),
     }
 }

@@ -187,6 +187,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         declared: None,
         import: None,
         major_upgrade: None,
+        owned_settings_reverted: None,
         archiving: None,
     }
 }

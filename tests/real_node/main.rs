@@ -22,6 +22,7 @@ mod node;
 #[path = "../support/object_store.rs"]
 mod object_store;
 mod operator;
+mod owned_settings;
 mod pooler;
 #[path = "../support/ports.rs"]
 mod ports;

@@ -214,6 +214,14 @@ pub fn decide(input: &DecideInput) -> Decision {
         &mut journal,
         now,
     );
+    let reverted_before = &old_status.instances;
+    crate::operator::database::owned_settings::tell_reverts(
+        reverted_before,
+        &status.instances,
+        &mut journal,
+        generation,
+        now,
+    );
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);

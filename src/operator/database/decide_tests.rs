@@ -557,3 +557,34 @@ fn a_switchover_timer_started_by_a_leader_with_a_clock_ahead_does_not_fire_at_on
     let timed_out = decide_with(Some(std::time::Duration::from_secs(30)));
     assert_eq!(timed_out.status.failover.target_primary.as_deref(), Some("db-0"));
 }
+
+/// Pod db-0 whose agent reports a primary that put back owned settings (revert `count`).
+fn primary_reporting_revert(count: u64) -> Arc<Pod> {
+    let mut pod = (*pod(0, "postgres:16.4", PodState::Ready)).clone();
+    let report = json!({"role": "primary", "timeline": 1, "walReceiver": false, "postgresReady": true,
+                        "fenced": false, "diskFull": false,
+                        "ownedSettingsReverted": {"at": ago(10), "settings": ["wal_level"], "count": count}});
+    pod.metadata.annotations =
+        Some([(crate::api::failover::INSTANCE_REPORT_ANNOTATION.to_string(), report.to_string())].into());
+    Arc::new(pod)
+}
+
+#[test]
+fn an_owned_setting_put_back_is_told_once_per_revert() {
+    use crate::operator::database::owned_settings::REVERTED_EVENT;
+    let first = database(1, Some(running_status("16.4")));
+    let told = run(&first, &steady(&first, vec![primary_reporting_revert(1)]));
+    assert_eq!(told.journal.reasons().iter().filter(|reason| **reason == REVERTED_EVENT).count(), 1);
+    assert!(told
+        .journal
+        .entries
+        .iter()
+        .any(|entry| entry.action == REVERTED_EVENT && entry.outcome.contains("wal_level")));
+    // The status remembers it: the next pass seeing the same report tells nothing.
+    let again = database(1, Some(told.status.clone()));
+    let quiet = run(&again, &steady(&again, vec![primary_reporting_revert(1)]));
+    assert!(!quiet.journal.reasons().contains(&REVERTED_EVENT), "{:?}", quiet.journal.reasons());
+    // Another revert: told again.
+    let next = run(&again, &steady(&again, vec![primary_reporting_revert(2)]));
+    assert!(next.journal.reasons().contains(&REVERTED_EVENT));
+}

@@ -475,6 +475,7 @@ mod tests {
             declared: None,
             import: None,
             major_upgrade: upgrade,
+            owned_settings_reverted: None,
         }
     }
 

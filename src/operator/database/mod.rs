@@ -22,6 +22,7 @@ pub mod failover;
 pub mod healing;
 pub mod major_upgrade;
 pub mod observe;
+pub mod owned_settings;
 pub mod pod_health;
 pub mod pod_replacement;
 pub mod pooler;

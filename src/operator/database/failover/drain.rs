@@ -79,6 +79,7 @@ mod tests {
             declared: None,
             import: None,
             major_upgrade: None,
+            owned_settings_reverted: None,
             archiving: None,
         }
     }

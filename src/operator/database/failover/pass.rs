@@ -141,6 +141,7 @@ fn instance_statuses(
                 pending_restart: report
                     .map(|report| report.pending_restart.iter().take(64).cloned().collect())
                     .unwrap_or_default(),
+                owned_settings_reverted: report.and_then(|report| report.owned_settings_reverted.clone()),
             }
         })
         .collect()

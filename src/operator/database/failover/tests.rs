@@ -31,6 +31,7 @@ fn primary_report() -> InstanceReport {
         declared: None,
         import: None,
         major_upgrade: None,
+        owned_settings_reverted: None,
     }
 }
 
