@@ -167,7 +167,7 @@ pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: wa
     drain(graceful).await;
 }
 
-/// `router`, marking the connection of `slot` busy when a request begins and kept once it is
+/// `router`, marking the connection of `slot` reading when a request begins and kept once it is
 /// answered with success (a 400, 408 or 413 keeps nothing: the apiserver never earns them).
 fn marks_served(router: Router, slot: &ConnectionSlot) -> Router {
     let on_request = slot.marks.clone();
@@ -177,8 +177,10 @@ fn marks_served(router: Router, slot: &ConnectionSlot) -> Router {
             on_response.answered(response.status().is_success());
             response
         }))
-        .layer(tower::util::MapRequestLayer::new(move |request: axum::extract::Request| {
+        .layer(tower::util::MapRequestLayer::new(move |mut request: axum::extract::Request| {
             on_request.request_started();
+            // The handler says when the body is read (from then on the request is never cut).
+            request.extensions_mut().insert(on_request.clone());
             request
         }))
 }

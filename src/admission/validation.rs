@@ -50,6 +50,8 @@ pub struct ValidationSettings {
     /// Prefixes `spec.image` and `spec.pooler.image` must start with (the operator's
     /// `--allowed-image-prefixes`); empty allows any image.
     pub allowed_image_prefixes: Vec<String>,
+    /// Images that already run (the controller's view): a policy set later does not stop them.
+    pub running_images: Vec<String>,
 }
 
 impl ValidationSettings {
@@ -60,14 +62,15 @@ impl ValidationSettings {
             min_storage_size: min_storage_size.to_string(),
             today: chrono::Utc::now().date_naive(),
             allowed_image_prefixes: Vec::new(),
+            running_images: Vec::new(),
         })
     }
 
     /// The same settings allowing only images that start with one of `prefixes` (none: any).
-    pub fn with_allowed_image_prefixes(self, mut prefixes: Vec<String>) -> Self {
+    pub fn with_allowed_image_prefixes(self, prefixes: Vec<String>) -> Self {
         // An empty flag (`--allowed-image-prefixes=`) means no policy, not an empty prefix.
-        prefixes.retain(|prefix| !prefix.trim().is_empty());
-        Self { allowed_image_prefixes: prefixes, ..self }
+        let prefixes = prefixes.iter().map(|prefix| prefix.trim().to_string()).filter(|prefix| !prefix.is_empty());
+        Self { allowed_image_prefixes: prefixes.collect(), ..self }
     }
 
     /// The settings of the in-pod agents, which re-check the spec before carrying it out: the
@@ -123,11 +126,8 @@ pub fn validate(
     }
     if let Some(image) = spec.image.as_deref() {
         validate_image(image, &mut outcome.errors);
-        validate_image_source("spec.image", image, &settings.allowed_image_prefixes, &mut outcome.errors);
     }
-    if let Some(image) = spec.pooler.as_ref().and_then(|pooler| pooler.image.as_deref()) {
-        validate_image_source("spec.pooler.image", image, &settings.allowed_image_prefixes, &mut outcome.errors);
-    }
+    validate_image_sources(spec, old.map(|old| &old.spec), settings, &mut outcome.errors);
     if let Some(storage_class) = spec.storage_class_name.as_deref() {
         validate_storage_class(storage_class, &mut outcome.errors);
     }
@@ -176,11 +176,61 @@ pub fn validate(
     outcome
 }
 
-/// Why the one validation function refuses `database`'s spec for an in-pod agent, if it does:
-/// agents re-check before carrying a spec out, whatever the object's state.
-pub fn refusal_for_agents(database: &DatabaseService) -> Option<String> {
-    let outcome = validate(database, None, &ValidationSettings::for_agents());
-    (!outcome.is_allowed()).then(|| outcome.message())
+/// The object an in-pod agent acts on (pure): `database` itself when its spec passes the one
+/// validation function (remembered in `accepted`); otherwise its status and metadata (failover,
+/// fencing, the operator's wishes go on) with the last accepted spec, or, before any, its own spec
+/// without the parts validation refused that the agents carry out with privileges (declared roles
+/// and databases, server settings and pg_hba rules, custom queries, the import). The refusal, if
+/// any, comes back for the log.
+pub fn carried_out_by_agents(
+    mut database: DatabaseService,
+    accepted: &mut Option<DatabaseServiceSpec>,
+) -> (DatabaseService, Option<String>) {
+    let outcome = validate(&database, None, &ValidationSettings::for_agents());
+    if outcome.is_allowed() {
+        *accepted = Some(database.spec.clone());
+        return (database, None);
+    }
+    let message = outcome.message();
+    match accepted {
+        Some(spec) => database.spec = spec.clone(),
+        None => without_refused_parts(&mut database.spec, &outcome.errors),
+    }
+    (database, Some(message))
+}
+
+/// `spec` without what `errors` name among the parts agents carry out with privileges.
+fn without_refused_parts(spec: &mut DatabaseServiceSpec, errors: &[FieldError]) {
+    let index_of =
+        |path: &str, prefix: &str| -> Option<usize> { path.strip_prefix(prefix)?.split(']').next()?.parse().ok() };
+    let mut roles = std::collections::BTreeSet::new();
+    let mut databases = std::collections::BTreeSet::new();
+    for error in errors {
+        let path = error.path.as_str();
+        if let Some(index) = index_of(path, "spec.roles[") {
+            roles.insert(index);
+        } else if let Some(index) = index_of(path, "spec.databases[") {
+            databases.insert(index);
+        } else if path.starts_with("spec.roles") {
+            spec.roles.clear();
+        } else if path.starts_with("spec.databases") {
+            spec.databases.clear();
+        } else if path.starts_with("spec.postgresql") {
+            spec.postgresql = None;
+        } else if path.starts_with("spec.monitoring") {
+            spec.monitoring = None;
+        } else if path.starts_with("spec.bootstrap.import") {
+            if let Some(bootstrap) = spec.bootstrap.as_mut() {
+                bootstrap.import = None;
+            }
+        }
+    }
+    fn without<T>(items: &mut Vec<T>, dropped: &std::collections::BTreeSet<usize>) {
+        let kept = std::mem::take(items).into_iter().enumerate().filter(|(index, _)| !dropped.contains(index));
+        *items = kept.map(|(_, item)| item).collect();
+    }
+    without(&mut spec.roles, &roles);
+    without(&mut spec.databases, &databases);
 }
 
 /// Longest failover delay and switchover timeout, in seconds.
@@ -318,9 +368,41 @@ fn validate_image(image: &str, errors: &mut Vec<FieldError>) {
     crate::admission::image_reference::validate_image_at("spec.image", image, errors);
 }
 
-/// The platform team's bound on where images come from (`--allowed-image-prefixes`).
+/// The platform team's bound on where images come from (`--allowed-image-prefixes`), for images
+/// that are new: one the object had before, or that already runs, is not stopped by a policy set
+/// after it (a fleet would otherwise stop healing the moment the policy is set).
+fn validate_image_sources(
+    spec: &DatabaseServiceSpec,
+    old: Option<&DatabaseServiceSpec>,
+    settings: &ValidationSettings,
+    errors: &mut Vec<FieldError>,
+) {
+    let pooler_image = |spec: &DatabaseServiceSpec| spec.pooler.as_ref().and_then(|pooler| pooler.image.clone());
+    let images = [
+        ("spec.image", spec.image.clone(), old.and_then(|old| old.image.clone())),
+        ("spec.pooler.image", pooler_image(spec), old.and_then(pooler_image)),
+    ];
+    for (path, image, before) in images {
+        let Some(image) = image else { continue };
+        if before.as_ref() == Some(&image) || settings.running_images.contains(&image) {
+            continue;
+        }
+        validate_image_source(path, &image, &settings.allowed_image_prefixes, errors);
+    }
+}
+
+/// Whether `image` is under `prefix`: a prefix ending in `/` is a path; otherwise the image is the
+/// prefix or continues it at a boundary (`/`, `:`, `@`), so `reg.example` does not admit
+/// `reg.example.evil.io/x` nor `reg/db` admit `reg/db-evil/x`.
+fn under_prefix(image: &str, prefix: &str) -> bool {
+    match image.strip_prefix(prefix) {
+        None => false,
+        Some(rest) => prefix.ends_with('/') || rest.is_empty() || rest.starts_with(['/', ':', '@']),
+    }
+}
+
 fn validate_image_source(path: &str, image: &str, allowed: &[String], errors: &mut Vec<FieldError>) {
-    if allowed.is_empty() || allowed.iter().any(|prefix| image.starts_with(prefix.as_str())) {
+    if allowed.is_empty() || allowed.iter().any(|prefix| under_prefix(image, prefix)) {
         return;
     }
     errors.push(FieldError {
@@ -509,5 +591,45 @@ mod tests {
         assert!(errors[0].starts_with("spec.image: Forbidden: \"postgres:16.4\" is not from an allowed registry"));
         assert!(errors[1].starts_with("spec.pooler.image: Forbidden:") && errors[1].contains("registry.corp.example/"));
         assert!(validate(&foreign, None, &settings).errors.is_empty(), "no policy: any image");
+        // An image the object had, or that runs, is not stopped by a policy set after it.
+        let mut changed = foreign.clone();
+        changed.spec.replicas = Some(3);
+        assert!(validate(&changed, Some(&foreign), &restricted).errors.is_empty());
+        let running = ValidationSettings {
+            running_images: vec!["postgres:16.4".into(), "evil.example/pgbouncer:1.24".into()],
+            ..restricted.clone()
+        };
+        assert!(validate(&foreign, None, &running).errors.is_empty());
+        // Prefixes end at a boundary.
+        let bare = settings.with_allowed_image_prefixes(vec![" registry.corp.example ".into(), "reg/db".into()]);
+        assert!(validate(&with_images("registry.corp.example/pg:16.4", None), None, &bare).errors.is_empty());
+        assert!(validate(&with_images("reg/db:16.4", None), None, &bare).errors.is_empty());
+        assert!(!validate(&with_images("registry.corp.example.evil.io/pg:16.4", None), None, &bare).errors.is_empty());
+        assert!(!validate(&with_images("reg/db-evil/pg:16.4", None), None, &bare).errors.is_empty());
+    }
+
+    #[test]
+    fn agents_carry_out_the_last_accepted_spec_and_before_any_drop_the_refused_grant() {
+        let mut database = with_images("postgres:16.4", None);
+        database.spec.roles =
+            serde_json::from_value(serde_json::json!([{"name": "reporting"}, {"name": "audit"}])).unwrap();
+        database.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let mut escalating = database.clone();
+        escalating.spec.roles[1].in_roles = vec!["pg_execute_server_program".into()];
+        escalating.status = Some(Default::default());
+
+        let mut accepted = None;
+        let (carried, refusal) = carried_out_by_agents(escalating.clone(), &mut accepted);
+        assert!(refusal.is_some_and(|reason| reason.contains("pg_execute_server_program")));
+        let names: Vec<&str> = carried.spec.roles.iter().map(|role| role.name.as_str()).collect();
+        assert_eq!(names, ["reporting"], "the refused role is dropped, the others kept");
+        assert!(carried.status.is_some(), "the status still reaches the agent");
+
+        let (carried, refusal) = carried_out_by_agents(database.clone(), &mut accepted);
+        assert!(refusal.is_none() && carried.spec == database.spec && accepted.is_some());
+        let (carried, refusal) = carried_out_by_agents(escalating, &mut accepted);
+        assert!(refusal.is_some());
+        assert_eq!(carried.spec, database.spec, "the last accepted spec stays in force");
     }
 }

@@ -1,6 +1,7 @@
 //! The admission webhook server: `/validate` and `/mutate` over HTTPS, and the probe and
 //! metrics endpoints on a separate plain-HTTP port so that kubelet probes never need TLS.
 
+use crate::admission::connections::ConnectionMarks;
 pub use crate::admission::limits::{RequestLimits, BODY_LIMIT_BYTES};
 use crate::admission::mutation::default_patch;
 use crate::admission::review::{parse_request, Admission, Operation, Refusal};
@@ -257,8 +258,12 @@ async fn handle(state: AdmissionState, webhook: &'static str, request: Request, 
     if declared.is_some_and(|length| length > state.limits.body_limit) {
         return too_large(state.limits.body_limit).into_response();
     }
+    let marks = request.extensions().get::<ConnectionMarks>().cloned();
     let work = async {
         let (body, _budget) = read_body(request.into_body(), declared, &state.limits).await?;
+        if let Some(marks) = &marks {
+            marks.body_read();
+        }
         let _slot = state.limits.decision_slot().await;
         let parsed = parse_request(&body).map_err(|reason| plain(StatusCode::BAD_REQUEST, reason))?;
         let (operation, decision) = match parsed.admission() {

@@ -8,6 +8,7 @@
 //! Every call has a short timeout and none is retried: a failed renewal simply counts towards the
 //! self-fencing deadline, which is the point.
 
+use crate::admission::validation::carried_out_by_agents;
 use crate::api::database_service::fenced_instances;
 use crate::api::database_service::DatabaseService;
 use crate::api::failover::{FailoverStatus, InstanceReport, TransitionKind, INSTANCE_REPORT_ANNOTATION};
@@ -76,18 +77,18 @@ pub fn watch_database(api: Api<DatabaseService>, name: &str) -> watch::Receiver<
     let (sender, receiver) = watch::channel(None);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tokio::spawn(async move {
+        let mut accepted = None;
         let mut events = watcher(api, config).default_backoff().boxed();
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(database) | watcher::Event::InitApply(database)) => {
                     // The agent carries out only a spec the one validation function accepts (an
                     // object stored past the webhook keeps the last accepted spec in force).
-                    match crate::admission::validation::refusal_for_agents(&database) {
-                        None => {
-                            sender.send_replace(Some(Arc::new(database)));
-                        }
-                        Some(reason) => tracing::warn!(%reason, "not carrying out a spec validation refuses"),
+                    let (database, refusal) = carried_out_by_agents(database, &mut accepted);
+                    if let Some(reason) = refusal {
+                        tracing::warn!(%reason, "not carrying out what validation refuses in the spec");
                     }
+                    sender.send_replace(Some(Arc::new(database)));
                 }
                 Ok(watcher::Event::Delete(_)) => {
                     sender.send_replace(None);

@@ -313,7 +313,11 @@ impl Agent {
     }
 }
 
-async fn observe(databases: &kube::Api<DatabaseService>, name: &str) -> Option<(Observed, Vec<String>)> {
+async fn observe(
+    databases: &kube::Api<DatabaseService>,
+    name: &str,
+    accepted: &mut Option<crate::api::database_service::DatabaseServiceSpec>,
+) -> Option<(Observed, Vec<String>)> {
     let database = match tokio::time::timeout(CALL_TIMEOUT, databases.get(name)).await {
         Ok(Ok(database)) => database,
         Ok(Err(error)) => {
@@ -325,9 +329,10 @@ async fn observe(databases: &kube::Api<DatabaseService>, name: &str) -> Option<(
             return None;
         }
     };
-    if let Some(reason) = crate::admission::validation::refusal_for_agents(&database) {
-        tracing::warn!(%reason, "not carrying out a spec validation refuses");
-        return None;
+    // Pointing, pausing and resuming go on; the pooled databases come from an accepted spec only.
+    let (database, refusal) = crate::admission::validation::carried_out_by_agents(database, accepted);
+    if let Some(reason) = refusal {
+        tracing::warn!(%reason, "not carrying out what validation refuses in the spec");
     }
     let pooled = crate::api::declarations::declarations(&database).pooled_databases;
     let failover = database.status.map(|status| status.failover).unwrap_or_default();
@@ -407,6 +412,7 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
         certificates_checked: None,
     };
     tracing::info!(database = %name, "pooler agent started");
+    let mut accepted = None;
     loop {
         let interval = match agent.state {
             PauseState::Paused { .. } => PAUSED_INTERVAL,
@@ -421,7 +427,7 @@ pub async fn run(args: PoolerRunArgs) -> anyhow::Result<()> {
             _ = tokio::time::sleep(interval) => {}
             _ = terminate.recv() => break,
         }
-        if let Some((observed, pooled)) = observe(&databases, &name).await {
+        if let Some((observed, pooled)) = observe(&databases, &name, &mut accepted).await {
             agent.databases = pooled;
             agent.act(&observed).await;
             agent.prove_server_path().await;

@@ -304,6 +304,7 @@ fn stopped_by_pause_or_invalid_spec(
         min_storage_size: settings.min_storage_size.clone(),
         today: now.date_naive(),
         allowed_image_prefixes: Vec::new(),
+        running_images: running_images(database, input.observed),
     }
     .with_allowed_image_prefixes(settings.allowed_image_prefixes.clone());
     let outcome = validate(database, None, &validation);
@@ -321,6 +322,16 @@ fn stopped_by_pause_or_invalid_spec(
     }
     conditions::remove(&mut status.conditions, types::INVALID_SPEC);
     false
+}
+
+/// The images the database's pods run, and the pooler's once it has one (its pods are not
+/// watched): a later image policy does not stop them.
+fn running_images(database: &DatabaseService, observed: &Observed) -> Vec<String> {
+    let containers = observed.pods.iter().flat_map(|pod| pod.spec.iter().flat_map(|spec| &spec.containers));
+    let mut images: Vec<String> = containers.filter_map(|container| container.image.clone()).collect();
+    let pooler_runs = database.status.as_ref().is_some_and(|status| status.pooler.is_some());
+    images.extend(database.spec.pooler.as_ref().and_then(|pooler| pooler.image.clone()).filter(|_| pooler_runs));
+    images
 }
 
 /// Ledger entry of a new object or a new generation of its spec.
