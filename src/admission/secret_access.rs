@@ -109,8 +109,26 @@ pub fn referenced_secrets(spec: &DatabaseServiceSpec) -> Vec<SecretReference> {
     references
 }
 
+/// Where a store's Secrets are sent: its endpoint and bucket.
+fn destination(store: Option<&ObjectStore>) -> Option<(&str, &str)> {
+    store.map(|store| (store.endpoint.as_str(), store.bucket.as_str()))
+}
+
+/// The stores of `spec`, by the path of their fields.
+fn store_at<'a>(spec: &'a DatabaseServiceSpec, field: &str) -> Option<&'a ObjectStore> {
+    if field.starts_with("spec.backup.objectStore.") {
+        return spec.backup.as_ref().map(|backup| &backup.object_store);
+    }
+    if field.starts_with("spec.bootstrap.recovery.source.") {
+        return spec.bootstrap.as_ref()?.recovery.as_ref().map(|recovery| &recovery.source);
+    }
+    None
+}
+
 /// The objects a request must be allowed to read: all that the new spec names, less those the
-/// old spec named already (an UPDATE by someone else of an unrelated field keeps working).
+/// old spec named already (an UPDATE by someone else of an unrelated field keeps working). A store
+/// whose endpoint or bucket changes has its Secrets reviewed again: the keys would be sent
+/// somewhere new, and an author who may not read them must not choose where.
 pub fn to_review(new: &DatabaseServiceSpec, old: Option<&DatabaseServiceSpec>) -> Vec<SecretReference> {
     let before: Vec<(ReferencedKind, String)> = old
         .map(referenced_secrets)
@@ -118,9 +136,11 @@ pub fn to_review(new: &DatabaseServiceSpec, old: Option<&DatabaseServiceSpec>) -
         .into_iter()
         .map(|reference| (reference.kind, reference.name))
         .collect();
+    let moved =
+        |field: &str| old.is_some_and(|old| destination(store_at(new, field)) != destination(store_at(old, field)));
     let mut wanted: Vec<SecretReference> = referenced_secrets(new)
         .into_iter()
-        .filter(|reference| !before.contains(&(reference.kind, reference.name.clone())))
+        .filter(|reference| !before.contains(&(reference.kind, reference.name.clone())) || moved(&reference.field))
         .collect();
     wanted.dedup_by(|left, right| left.name == right.name && left.field == right.field);
     wanted
@@ -329,6 +349,10 @@ mod tests {
         let new = spec(Some(store("other", None)), None);
         assert_eq!(names(&to_review(&new, Some(&old))), [("spec.backup.objectStore.credentialsSecret.name", "other")]);
         assert_eq!(to_review(&new, None).len(), 1, "a create reviews every Secret");
+        // The same Secret sent to another endpoint is reviewed again.
+        let mut moved = old.clone();
+        moved.backup.as_mut().unwrap().object_store.endpoint = "https://collector.evil.example".into();
+        assert_eq!(names(&to_review(&moved, Some(&old))), [("spec.backup.objectStore.credentialsSecret.name", "own")]);
     }
 
     struct Answers(Result<bool, String>);
