@@ -92,6 +92,10 @@ pub struct WebhookArgs {
     /// admission and again by the controller.
     #[arg(long, env = "DBSERVICE_ALLOWED_IMAGE_PREFIXES", value_delimiter = ',', num_args = 0..)]
     pub allowed_image_prefixes: Vec<String>,
+    /// Allow spec.bootstrap.import.roles: true, whose restore runs as the superuser (whoever
+    /// controls the import's source then controls code run as the superuser).
+    #[arg(long, env = "DBSERVICE_ALLOW_IMPORT_WITH_SOURCE_ROLES", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_import_with_source_roles: bool,
     /// Connections open at once to the admission port; more clients wait in the listen backlog.
     #[arg(long, env = "DBSERVICE_MAX_CONNECTIONS", default_value_t = crate::admission::limits::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=65536))]
     pub max_connections: usize,

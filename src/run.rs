@@ -49,7 +49,8 @@ async fn start_servers(
     let mut state = AdmissionState::new(&args.min_storage_size, metrics.clone())
         .map_err(|error| anyhow::anyhow!("--min-storage-size: {error}"))?
         .with_limits(RequestLimits::new(args.max_concurrent_requests))
-        .with_allowed_image_prefixes(args.allowed_image_prefixes.clone());
+        .with_allowed_image_prefixes(args.allowed_image_prefixes.clone())
+        .with_import_with_source_roles(args.allow_import_with_source_roles);
     if let Some(client) = client {
         state =
             state.with_secret_access(Arc::new(crate::admission::secret_access::KubeSecretAccessReviewer::new(client)));
@@ -130,6 +131,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings: ControllerSettings {
             min_storage_size: args.webhook.min_storage_size.clone(),
             allowed_image_prefixes: args.webhook.allowed_image_prefixes.clone(),
+            allow_import_with_source_roles: args.webhook.allow_import_with_source_roles,
             progress_deadline: Duration::from_secs(args.progress_deadline_seconds),
             unhealthy_threshold: Duration::from_secs(args.unhealthy_threshold_seconds),
             restart_backoff: Duration::from_secs(args.restart_backoff_seconds),

@@ -52,6 +52,9 @@ pub struct ValidationSettings {
     pub allowed_image_prefixes: Vec<String>,
     /// Images that already run (the controller's view): a policy set later does not stop them.
     pub running_images: Vec<String>,
+    /// Whether `spec.bootstrap.import.roles: true` is allowed (the operator's
+    /// `--allow-import-with-source-roles`): that restore runs as the superuser.
+    pub allow_import_with_source_roles: bool,
 }
 
 impl ValidationSettings {
@@ -63,6 +66,7 @@ impl ValidationSettings {
             today: chrono::Utc::now().date_naive(),
             allowed_image_prefixes: Vec::new(),
             running_images: Vec::new(),
+            allow_import_with_source_roles: false,
         })
     }
 
@@ -73,10 +77,15 @@ impl ValidationSettings {
         Self { allowed_image_prefixes: prefixes.collect(), ..self }
     }
 
+    /// The same settings allowing `spec.bootstrap.import.roles: true` or not.
+    pub fn with_import_with_source_roles(self, allowed: bool) -> Self {
+        Self { allow_import_with_source_roles: allowed, ..self }
+    }
+
     /// The settings of the in-pod agents, which re-check the spec before carrying it out: the
     /// storage minimum and the image policy are the operator's business (the agents act on neither).
     pub fn for_agents() -> Self {
-        Self::new("0").expect("0 is a quantity")
+        Self { allow_import_with_source_roles: true, ..Self::new("0").expect("0 is a quantity") }
     }
 }
 
@@ -163,6 +172,7 @@ pub fn validate(
     let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
     crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
     crate::admission::import_validation::validate_import(spec, &mut outcome.errors);
+    validate_import_roles(spec, old.map(|old| &old.spec), settings, &mut outcome.errors);
     if let Some(failover) = &spec.failover {
         validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
     }
@@ -389,6 +399,32 @@ fn validate_image_sources(
         }
         validate_image_source(path, &image, &settings.allowed_image_prefixes, errors);
     }
+}
+
+/// `spec.bootstrap.import.roles: true` keeps the source's owners and grants, which takes a
+/// restore as the superuser: whatever code the source's dump runs (a CHECK constraint's function
+/// during COPY, or SQL a hostile source server makes pg_dump write) runs as the superuser. So the
+/// author of a DatabaseService may choose it only where an administrator allowed it.
+fn validate_import_roles(
+    spec: &DatabaseServiceSpec,
+    old: Option<&DatabaseServiceSpec>,
+    settings: &ValidationSettings,
+    errors: &mut Vec<FieldError>,
+) {
+    let with_roles = |spec: &DatabaseServiceSpec| {
+        spec.bootstrap
+            .as_ref()
+            .and_then(|bootstrap| bootstrap.import.as_ref())
+            .is_some_and(|import| import.with_roles())
+    };
+    if settings.allow_import_with_source_roles || !with_roles(spec) || old.is_some_and(with_roles) {
+        return;
+    }
+    errors.push(FieldError {
+        path: "spec.bootstrap.import.roles".into(),
+        kind: FieldErrorKind::Forbidden,
+        detail: "keeping the source's owners and grants restores as the superuser, so the source's dump would run code as the superuser: allowed only where the operator runs with --allow-import-with-source-roles (chart operator.allowImportWithSourceRoles)".into(),
+    });
 }
 
 /// Whether `image` is under `prefix`: a prefix ending in `/` is a path; otherwise the image is the

@@ -32,6 +32,8 @@ pub struct AdmissionState {
     pub limits: RequestLimits,
     /// Image prefixes `spec.image` and `spec.pooler.image` must start with (empty: any).
     pub allowed_image_prefixes: Vec<String>,
+    /// Whether `spec.bootstrap.import.roles: true` is allowed.
+    pub allow_import_with_source_roles: bool,
     /// Asks whether the requesting user may read the Secrets a DatabaseService names; without it
     /// (a webhook without Kubernetes access) nothing is asked.
     ///
@@ -52,8 +54,14 @@ impl AdmissionState {
             metrics,
             limits: RequestLimits::default(),
             allowed_image_prefixes: Vec::new(),
+            allow_import_with_source_roles: false,
             secret_access: None,
         })
+    }
+
+    /// The same state allowing `spec.bootstrap.import.roles: true` or not.
+    pub fn with_import_with_source_roles(self, allowed: bool) -> Self {
+        Self { allow_import_with_source_roles: allowed, ..self }
     }
 
     /// The same state allowing only images that start with one of `prefixes` (none: any).
@@ -75,6 +83,7 @@ impl AdmissionState {
         ValidationSettings::new(&self.min_storage_size)
             .expect("checked in AdmissionState::new")
             .with_allowed_image_prefixes(self.allowed_image_prefixes.clone())
+            .with_import_with_source_roles(self.allow_import_with_source_roles)
     }
 }
 

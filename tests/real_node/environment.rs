@@ -116,6 +116,9 @@ pub fn install_chart(node: &RealNode) -> Duration {
             &format!("image.tag={tag}"),
             "--set",
             "replicaCount=2",
+            // tests/real_node/import.rs keeps the source's roles (issue 37: an administrator's opt-in).
+            "--set",
+            "operator.allowImportWithSourceRoles=true",
             "--wait",
             "--timeout",
             "300s",

@@ -305,6 +305,9 @@ fn stopped_by_pause_or_invalid_spec(
         today: now.date_naive(),
         allowed_image_prefixes: Vec::new(),
         running_images: running_images(database, input.observed),
+        // An import begun before the setting changed goes on.
+        allow_import_with_source_roles: settings.allow_import_with_source_roles
+            || database.status.as_ref().is_some_and(|status| status.import.is_some()),
     }
     .with_allowed_image_prefixes(settings.allowed_image_prefixes.clone());
     let outcome = validate(database, None, &validation);

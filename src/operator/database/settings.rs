@@ -9,6 +9,8 @@ pub struct ControllerSettings {
     pub min_storage_size: String,
     /// Image prefixes spec.image and spec.pooler.image must start with (validation; empty: any).
     pub allowed_image_prefixes: Vec<String>,
+    /// Whether `spec.bootstrap.import.roles: true` is allowed (validation).
+    pub allow_import_with_source_roles: bool,
     /// How long a version change may stay unhealthy before it is rolled back.
     pub progress_deadline: Duration,
     /// How long a pod may be not ready (or a standby unschedulable) before the operator acts.
@@ -41,6 +43,7 @@ impl Default for ControllerSettings {
         Self {
             min_storage_size: "1Gi".into(),
             allowed_image_prefixes: Vec::new(),
+            allow_import_with_source_roles: false,
             progress_deadline: Duration::from_secs(300),
             unhealthy_threshold: Duration::from_secs(60),
             restart_backoff: Duration::from_secs(30),
