@@ -255,3 +255,60 @@ async fn the_pooler_role_looks_up_login_roles_but_never_a_superuser_and_nobody_e
     let refused = application.query_one(lookup, &[&"application"]).await.expect_err("closed again");
     assert!(format!("{refused:?}").contains("permission denied"), "{refused:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_schema_the_application_made_first_is_replaced_by_the_superusers() {
+    use dbservice_operator::api::pooler::{AUTH_PASSWORD_KEY, POOLER_ROLE};
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0"]).await;
+    let port = cluster.port("db-0");
+    let config = cluster.config("db-0");
+    for sql in
+        ["CREATE ROLE application LOGIN PASSWORD 'application-password'", "CREATE DATABASE orders OWNER application"]
+    {
+        loopback::query(port, sql).await.unwrap();
+    }
+    // The application owns its database: it makes the schema before the pooler reaches it, with
+    // a user_password as made but its own, answering a verifier of its choosing.
+    let application = login(port, "application", "application-password", "orders").await.unwrap();
+    let impostor = "CREATE SCHEMA dbservice_pooler; \
+        CREATE FUNCTION dbservice_pooler.user_password(role_name text, OUT usename name, OUT passwd text) \
+        RETURNS record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp \
+        AS $f$ SELECT role_name::name, 'chosen-by-the-application'::text $f$";
+    application.batch_execute(impostor).await.unwrap();
+
+    let pooler = RoleSpec {
+        password_secret: Some(PasswordSecret { name: "orders-pooler".into(), key: Some(AUTH_PASSWORD_KEY.into()) }),
+        ..role(POOLER_ROLE)
+    };
+    let wanted = Declarations {
+        roles: vec![pooler],
+        databases: vec![],
+        application_user: SUPERUSER.into(),
+        pooled_databases: vec!["orders".into()],
+    };
+    let secrets = SecretReader::fixed([("orders-pooler", AUTH_PASSWORD_KEY, "pooler-password")]);
+    let status = keep_declared(&config, &wanted, &secrets).await;
+    assert!(all_as_declared(&status), "{status:?}");
+
+    let superuser = login(port, SUPERUSER, loopback::PASSWORD, "orders").await.unwrap();
+    let owners = "SELECT pg_get_userbyid(n.nspowner)::text || ',' || pg_get_userbyid(p.proowner)::text \
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'dbservice_pooler'";
+    let rows = superuser.query(owners, &[]).await.unwrap();
+    let owners: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(owners, [format!("{SUPERUSER},{SUPERUSER}")], "the schema and its one function are the superuser's");
+    let pooler = login(port, POOLER_ROLE, "pooler-password", "orders").await.expect("the pooler role logs in");
+    let lookup = "SELECT passwd FROM dbservice_pooler.user_password('application')";
+    let verifier: String = pooler.query_one(lookup, &[]).await.unwrap().get(0);
+    assert!(verifier.starts_with("SCRAM-SHA-256$"), "the server's verifier, not the application's: {verifier}");
+    let refused = application.batch_execute("DROP FUNCTION dbservice_pooler.user_password(text)").await;
+    assert!(refused.is_err(), "the application cannot replace it now");
+
+    // Kept as made: a second pass writes nothing.
+    let version = "SELECT p.xmin::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+        WHERE n.nspname = 'dbservice_pooler'";
+    let before: String = superuser.query_one(version, &[]).await.unwrap().get(0);
+    let status = keep_declared(&config, &wanted, &secrets).await;
+    assert!(all_as_declared(&status), "{status:?}");
+    assert_eq!(superuser.query_one(version, &[]).await.unwrap().get::<_, String>(0), before);
+}

@@ -19,7 +19,9 @@ pub const DEFAULT_POOLER_IMAGE: &str = "ghcr.io/cloudnative-pg/pgbouncer:1.24.1"
 pub const POOLER_ROLE: &str = "dbservice_pooler";
 /// PgBouncer's own administrator (its admin console only; not a PostgreSQL role).
 pub const POOLER_ADMIN: &str = "dbservice_pooler_admin";
-/// The schema of the authentication function, in every pooled database.
+/// The schema of the authentication function, in every pooled database. The name is the
+/// operator's: the API declares no schema, so no validation can reserve it; instead the agent
+/// drops (CASCADE) a schema of this name that is not the superuser's (see [`AuthSchema`]).
 pub const POOLER_SCHEMA: &str = "dbservice_pooler";
 /// `auth_query`: a SECURITY DEFINER function that returns the verifier of a role that may log in
 /// and is neither a superuser nor a replication role (the pooler never logs those in).
@@ -218,11 +220,71 @@ pub fn parameter_kind(parameter: &str) -> Option<ParameterKind> {
     ALLOWED_PARAMETERS.iter().find(|(name, _)| *name == parameter).map(|(_, kind)| *kind)
 }
 
-/// SQL the primary's agent runs in every pooled database (as the superuser): the schema and the
-/// SECURITY DEFINER function of [`AUTH_QUERY`], executable by [`POOLER_ROLE`] alone.
-pub fn auth_function_statements() -> Vec<String> {
-    vec![
-        format!("CREATE SCHEMA IF NOT EXISTS {POOLER_SCHEMA}"),
+/// What the primary's agent finds of schema [`POOLER_SCHEMA`] in a pooled database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthSchema {
+    /// No such schema.
+    Absent,
+    /// Owned, with every function in it, by the agent's superuser; `current`: the function is
+    /// there as made (see [`auth_function_check`]).
+    Ours {
+        /// Whether `user_password` is as made.
+        current: bool,
+    },
+    /// The schema or a function in it is owned by another role: the application, which owns its
+    /// databases, made it first (an impostor whose `user_password` would hand PgBouncer
+    /// verifiers of its choosing), or a superuser of before issue 22.
+    Foreign,
+}
+
+/// The query that tells the [`AuthSchema`] in a database, run as the superuser that keeps it:
+/// no row when the schema is absent, else whether the schema and its functions are the session
+/// user's, and whether `user_password` is as made (SECURITY DEFINER, search_path pinned,
+/// executable by [`POOLER_ROLE`] and not by PUBLIC).
+pub fn auth_function_check() -> String {
+    format!(
+        "SELECT n.nspowner = me.oid AND NOT EXISTS (SELECT FROM pg_catalog.pg_proc f \
+           WHERE f.pronamespace = n.oid AND f.proowner <> me.oid), \
+         EXISTS (SELECT FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'user_password' \
+           AND p.proowner = me.oid AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'] \
+           AND pg_catalog.has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
+           AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) \
+         FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles me \
+         WHERE n.nspname = '{POOLER_SCHEMA}' AND me.rolname = current_user"
+    )
+}
+
+impl AuthSchema {
+    /// From the row of [`auth_function_check`] (None: no row).
+    pub fn from_check(row: Option<(bool, bool)>) -> Self {
+        match row {
+            None => Self::Absent,
+            Some((true, current)) => Self::Ours { current },
+            Some((false, _)) => Self::Foreign,
+        }
+    }
+}
+
+/// SQL the primary's agent runs in a pooled database (as the superuser) to make the schema and
+/// the SECURITY DEFINER function of [`AUTH_QUERY`], executable by [`POOLER_ROLE`] alone; nothing
+/// when they are there as made. One transaction: a schema dropped is made again before the
+/// application, which owns the database, can make its own in between. The name is the
+/// operator's: a schema someone else made under it is dropped with what it holds (CASCADE).
+pub fn auth_function_statements(found: AuthSchema) -> Vec<String> {
+    if found == (AuthSchema::Ours { current: true }) {
+        return Vec::new();
+    }
+    let mut statements = vec!["BEGIN".to_string()];
+    match found {
+        AuthSchema::Ours { .. } => {}
+        // Never `IF NOT EXISTS`: a schema the application made first would be kept.
+        AuthSchema::Absent => statements.push(format!("CREATE SCHEMA {POOLER_SCHEMA}")),
+        AuthSchema::Foreign => {
+            statements.push(format!("DROP SCHEMA {POOLER_SCHEMA} CASCADE"));
+            statements.push(format!("CREATE SCHEMA {POOLER_SCHEMA}"));
+        }
+    }
+    statements.extend([
         format!("REVOKE ALL ON SCHEMA {POOLER_SCHEMA} FROM PUBLIC"),
         format!(
             "CREATE OR REPLACE FUNCTION {POOLER_SCHEMA}.user_password(role_name text, OUT usename name, OUT passwd text) \
@@ -234,7 +296,9 @@ pub fn auth_function_statements() -> Vec<String> {
         format!("REVOKE ALL ON FUNCTION {POOLER_SCHEMA}.user_password(text) FROM PUBLIC"),
         format!("GRANT USAGE ON SCHEMA {POOLER_SCHEMA} TO {POOLER_ROLE}"),
         format!("GRANT EXECUTE ON FUNCTION {POOLER_SCHEMA}.user_password(text) TO {POOLER_ROLE}"),
-    ]
+        "COMMIT".to_string(),
+    ]);
+    statements
 }
 
 #[cfg(test)]
@@ -266,11 +330,34 @@ mod tests {
 
     #[test]
     fn the_auth_function_never_returns_a_superuser_or_replication_role() {
-        let sql = auth_function_statements().join(";\n");
+        let sql = auth_function_statements(AuthSchema::Absent).join(";\n");
         assert!(sql.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS"));
         assert!(sql.contains("pg_catalog.now()") && sql.contains("FROM pg_catalog.pg_authid"));
         assert!(sql.contains("NOT rolsuper AND NOT rolreplication"));
         assert!(sql.contains("FROM PUBLIC"));
         assert!(sql.contains(&format!("TO {POOLER_ROLE}")));
+    }
+
+    #[test]
+    fn a_schema_or_function_owned_by_another_role_is_dropped_and_made_again() {
+        let check = auth_function_check();
+        assert!(check.contains("n.nspowner = me.oid") && check.contains("f.proowner <> me.oid"), "{check}");
+        assert!(check.contains("p.proowner = me.oid") && check.contains("me.rolname = current_user"), "{check}");
+        assert_eq!(AuthSchema::from_check(Some((false, true))), AuthSchema::Foreign, "as made, but not ours");
+        assert_eq!(AuthSchema::from_check(Some((true, true))), AuthSchema::Ours { current: true });
+        assert_eq!(AuthSchema::from_check(None), AuthSchema::Absent);
+        assert!(auth_function_statements(AuthSchema::Ours { current: true }).is_empty());
+
+        let impostor = auth_function_statements(AuthSchema::Foreign);
+        assert_eq!(impostor[..3], ["BEGIN", "DROP SCHEMA dbservice_pooler CASCADE", "CREATE SCHEMA dbservice_pooler"]);
+        assert_eq!(impostor.last().map(String::as_str), Some("COMMIT"));
+        let absent = auth_function_statements(AuthSchema::Absent);
+        assert!(absent.iter().all(|sql| !sql.contains("IF NOT EXISTS") && !sql.starts_with("DROP")), "{absent:?}");
+        assert!(absent.contains(&"CREATE SCHEMA dbservice_pooler".to_string()));
+        let repaired = auth_function_statements(AuthSchema::Ours { current: false });
+        assert!(repaired
+            .iter()
+            .all(|sql| !sql.contains("SCHEMA dbservice_pooler CASCADE") && sql != "CREATE SCHEMA dbservice_pooler"));
+        assert!(repaired.iter().any(|sql| sql.starts_with("CREATE OR REPLACE FUNCTION")));
     }
 }

@@ -313,11 +313,24 @@ impl Postgres {
         // pg_promote waits up to 60 s (bounded here) and the checkpoint as long as the dirty
         // buffers take (it waits on no lock the application could hold): both past the session's
         // statement_timeout, which is put back after.
-        client.batch_execute("SET statement_timeout = 0").await?;
-        let outcome = promote_and_checkpoint(client, timeout).await;
-        let reset = client.batch_execute("RESET statement_timeout").await;
-        outcome?;
-        Ok(reset?)
+        let outcome = match client.batch_execute("SET statement_timeout = 0").await {
+            Ok(()) => promote_and_checkpoint(client, timeout).await,
+            Err(error) => Err(error.into()),
+        };
+        // After a failure the session may still run pg_promote (cut off by our timeout only):
+        // no RESET queued behind it, the session goes.
+        let reset = match outcome {
+            Ok(()) => Some(client.batch_execute("RESET statement_timeout").await),
+            Err(_) => None,
+        };
+        if let Some(Err(error)) = &reset {
+            tracing::warn!(instance = %self.config.name, %error, "promoted, but the session's statement_timeout was not put back: reconnecting");
+        }
+        let (outcome, keep_session) = settle_promotion(outcome, reset);
+        if !keep_session {
+            self.client = None;
+        }
+        outcome
     }
 
     /// Re-points the WAL receiver (`''` stops it) without a restart: primary_conninfo is
@@ -539,6 +552,19 @@ async fn promote_and_checkpoint(client: &Client, timeout: Duration) -> Result<()
     Ok(())
 }
 
+/// What a promotion reports, from its own outcome and that of the RESET of its session's
+/// statement_timeout after it (None: not tried), and whether the session may be kept. A done
+/// promotion is reported done whatever the RESET: failing it would leave the role unset while
+/// the server already accepts writes. A session whose RESET did not run or failed may still
+/// have no statement_timeout: it is dropped, and the next call reconnects with the pinned options.
+fn settle_promotion<E>(
+    promoted: Result<(), PostgresError>,
+    reset: Option<Result<(), E>>,
+) -> (Result<(), PostgresError>, bool) {
+    let keep_session = promoted.is_ok() && matches!(reset, Some(Ok(())));
+    (promoted, keep_session)
+}
+
 /// Bytes available to unprivileged users on the file system holding `path` (statvfs), if known.
 pub fn free_bytes(path: &Path) -> Option<u64> {
     statvfs(path).map(|stats| stats.f_bavail.saturating_mul(stats.f_frsize))
@@ -570,5 +596,18 @@ mod tests {
         assert!(free_bytes(directory.path()).is_some_and(|free| free > 0));
         assert!(volume_bytes(directory.path()) >= free_bytes(directory.path()));
         assert_eq!(free_bytes(&directory.path().join("missing")), None);
+    }
+
+    #[test]
+    fn a_failed_reset_never_fails_a_done_promotion_but_drops_its_session() {
+        let reset_failed: Option<Result<(), &str>> = Some(Err("connection closed"));
+        let (outcome, keep_session) = settle_promotion(Ok(()), reset_failed);
+        assert!(outcome.is_ok(), "promoted: {outcome:?}");
+        assert!(!keep_session, "its statement_timeout may still be 0");
+        let (outcome, keep_session) = settle_promotion(Ok(()), Some(Ok::<(), &str>(())));
+        assert!(outcome.is_ok() && keep_session);
+        let failed = Err(PostgresError::Answer("pg_promote returned false".into()));
+        let (outcome, keep_session) = settle_promotion(failed, None::<Result<(), &str>>);
+        assert!(outcome.is_err() && !keep_session);
     }
 }

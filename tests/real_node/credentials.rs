@@ -176,6 +176,11 @@ async fn a_pre_tls_application_secret_is_rewritten_with_its_password_kept() {
     })
     .await;
     assert!(entries[0].outcome.contains("replication-password removed"), "{entries:?}");
+    let ca = format!("ConfigMap {DATABASE}-ca");
+    assert!(
+        entries[0].outcome.contains("requires sslmode=verify-full") && entries[0].outcome.contains(&ca),
+        "{entries:?}"
+    );
     assert!(!entries[0].outcome.contains(&password), "no value in the ledger: {entries:?}");
     let logged_in = psql(&client, node, ns, DATABASE, Target::Uri, "select current_user").await;
     assert_eq!(logged_in.expect("the application logs in with the rewritten uri").trim(), "app_user");

@@ -242,25 +242,19 @@ async fn keep_extensions(config: &InstanceConfig, database: &crate::api::roles::
     execute(&inside, &statements).await
 }
 
-/// Makes the pooler's `auth_query` function in `database` unless it is there as made (SECURITY
-/// DEFINER, its search_path pinned, executable by the pooler's role): no catalog write in a
-/// steady pass.
+/// Makes the pooler's `auth_query` function in `database` unless it is there as made and owned,
+/// with its schema, by the superuser (see [`crate::api::pooler::AuthSchema`]): no catalog write
+/// in a steady pass.
 async fn keep_auth_function(config: &InstanceConfig, database: &str) -> Result<(), String> {
-    use crate::api::pooler::{auth_function_statements, POOLER_ROLE, POOLER_SCHEMA};
+    use crate::api::pooler::{auth_function_check, auth_function_statements, AuthSchema};
     let inside = connect(config, &config.superuser, database).await.map_err(|error| error.to_string())?;
-    let sql = format!(
-        "SELECT p.prosecdef AND pg_catalog.has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
-         AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE') \
-         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
-         WHERE n.nspname = '{POOLER_SCHEMA}' AND p.proname = 'user_password' \
-         AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp']"
-    );
-    let rows = query(&inside, "reading the pooler's function", &sql, &[]).await?;
-    if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
-        return Ok(());
+    let rows = query(&inside, "reading the pooler's function", &auth_function_check(), &[]).await?;
+    let found = AuthSchema::from_check(rows.first().map(|row| (row.get(0), row.get(1))));
+    if found == AuthSchema::Foreign {
+        tracing::warn!(database, "schema dbservice_pooler is not the superuser's: dropped and made again");
     }
     let statements: Vec<plan::Statement> =
-        auth_function_statements().into_iter().map(|sql| plan::Statement { sql, secret: false }).collect();
+        auth_function_statements(found).into_iter().map(|sql| plan::Statement { sql, secret: false }).collect();
     execute(&inside, &statements).await
 }
 

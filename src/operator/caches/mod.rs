@@ -16,8 +16,8 @@ pub use compact::Compact;
 use crate::api::database_service::DatabaseService;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, Node, NodeSpec,
-    PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service,
+    ConfigMap, Container, ContainerState, ContainerStateWaiting, ContainerStatus, EnvVar, Node, NodeSpec,
+    PersistentVolumeClaim, Pod, PodSpec, PodStatus, Secret, Service, Volume,
 };
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -281,7 +281,8 @@ impl Slim for ConfigMap {
 
 impl Slim for Pod {
     /// Health needs the postgres container's image, the conditions and the waiting reasons;
-    /// failover needs the agent's report annotation, and a recovering database its recovery one.
+    /// failover needs the agent's report annotation, and a recovering database its recovery one;
+    /// the credentials Secret's rewrite, the references to its replication keys.
     fn slim(&mut self) {
         // The instance agent's annotations are the only ones the controller reads.
         const READ: [&str; 2] =
@@ -297,13 +298,44 @@ impl Slim for Pod {
         slim_metadata(&mut self.metadata);
         self.metadata.annotations = (!kept.is_empty()).then_some(kept);
         if let Some(spec) = self.spec.take() {
+            use crate::operator::database::credentials_form::{
+                env_references_replication_keys, volume_references_replication_keys,
+            };
+            // References to the credentials Secret's replication keys (pods an older operator
+            // made): the keys stay while one is left (`credentials_form`).
+            let referencing = |env: Option<Vec<EnvVar>>| {
+                let kept: Vec<EnvVar> = env.into_iter().flatten().filter(env_references_replication_keys).collect();
+                (!kept.is_empty()).then_some(kept)
+            };
             let containers = spec
                 .containers
                 .into_iter()
-                .map(|container| Container { name: container.name, image: container.image, ..Default::default() })
+                .map(|container| Container {
+                    name: container.name,
+                    image: container.image,
+                    env: referencing(container.env),
+                    ..Default::default()
+                })
                 .collect();
+            let init_containers: Vec<Container> = spec
+                .init_containers
+                .into_iter()
+                .flatten()
+                .filter_map(|container| {
+                    let env = referencing(container.env)?;
+                    Some(Container { name: container.name, env: Some(env), ..Default::default() })
+                })
+                .collect();
+            let volumes: Vec<Volume> =
+                spec.volumes.into_iter().flatten().filter(volume_references_replication_keys).collect();
             // The node: a primary on a cordoned one is switched over before the drain evicts it.
-            self.spec = Some(PodSpec { containers, node_name: spec.node_name, ..Default::default() });
+            self.spec = Some(PodSpec {
+                containers,
+                init_containers: (!init_containers.is_empty()).then_some(init_containers),
+                volumes: (!volumes.is_empty()).then_some(volumes),
+                node_name: spec.node_name,
+                ..Default::default()
+            });
         }
         if let Some(status) = self.status.take() {
             let container_statuses = status.container_statuses.map(|statuses| {

@@ -16,6 +16,8 @@ pub const AUTHORITY_ANNOTATION: &str = "dbservice.dev/certificate-authority";
 /// Annotation of the server certificate Secret: its notAfter (RFC 3339), so that renewal is
 /// decided from the cached metadata without reading the Secret.
 pub const NOT_AFTER_ANNOTATION: &str = "dbservice.dev/certificate-not-after";
+/// Key of ConfigMap NAME-ca that holds the CA's certificate.
+pub const CA_CONFIG_MAP_KEY: &str = "ca.crt";
 /// Annotation of the server certificate Secret: the names it covers, comma-separated.
 pub const NAMES_ANNOTATION: &str = "dbservice.dev/certificate-names";
 
@@ -62,7 +64,11 @@ pub fn authority_secret(database: &DatabaseService, certificate: &str, key: &str
 pub fn authority_config_map(database: &DatabaseService, authority_uid: &str, certificate: &str) -> ConfigMap {
     let mut metadata = metadata(database, ChildNames::certificate_authority(&database.name_any()));
     metadata.annotations = Some([(AUTHORITY_ANNOTATION.to_string(), authority_uid.to_string())].into());
-    ConfigMap { metadata, data: Some([("ca.crt".to_string(), certificate.to_string())].into()), ..Default::default() }
+    ConfigMap {
+        metadata,
+        data: Some([(CA_CONFIG_MAP_KEY.to_string(), certificate.to_string())].into()),
+        ..Default::default()
+    }
 }
 
 /// A server certificate and what it was made from.
