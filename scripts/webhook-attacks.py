@@ -195,6 +195,26 @@ async def keep_sending(port, context, count, payload_for, pace, hold):
     await asyncio.gather(*(one(index) for index in range(count)))
 
 
+async def answered_then_trickling(port, context, count, valid, trickled):
+    """`count` connections, each sending one valid review, reading its answer, then sending
+    `trickled` one byte per second."""
+    async def one():
+        try:
+            reader, writer = await open_tls(port, context)
+            writer.write(valid)
+            await writer.drain()
+            await read_response(reader)
+            for offset in range(len(trickled)):
+                writer.write(trickled[offset:offset + 1])
+                await writer.drain()
+                await asyncio.sleep(1.0)
+            writer.close()
+        except Exception:
+            pass
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
 async def attack(name, port, context, certs):
     big_array = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","object":{"x":[' + b"0," * (4 * 1024 * 1024 - 1) + b"0]}}}"
     claims = review_with({"resources": {"claims": [{"name": f"c{index}"} for index in range(45000)]}})
@@ -214,6 +234,10 @@ async def attack(name, port, context, certs):
         await keep_sending(port, context, 50, lambda _: request_bytes(body), (1, 0), 1)
     elif name == "1000 connections sending the body at 1 byte/s":
         await keep_sending(port, context, 1000, lambda _: slow_body[:header_end] + slow_body[header_end:header_end + 15], (1, 1.0), 0)
+    elif name == "1000 connections answered once, then trickling the next body at 1 byte/s":
+        # Issue 37: a connection answered once used to keep its slot for good.
+        await answered_then_trickling(port, context, 1000, request_bytes(json.dumps(VALID_REVIEW).encode()),
+                                      slow_body[:header_end] + slow_body[header_end:header_end + 15])
     elif name == "1000 idle TLS connections":
         await keep_sending(port, context, 1000, lambda _: b"", (1, 0), 15)
     elif name == "1000 slow-header connections (1 byte/s)":
@@ -229,6 +253,7 @@ ATTACKS = [
     "declared 20 MiB Content-Length, 100 connections",
     "1 byte per TLS record, 50 connections x 30 KiB",
     "1000 connections sending the body at 1 byte/s",
+    "1000 connections answered once, then trickling the next body at 1 byte/s",
     "1000 idle TLS connections",
     "1000 slow-header connections (1 byte/s)",
 ]
