@@ -48,3 +48,17 @@ grep -A1 'name: DBSERVICE_DATABASE_CLIENT_SELECTOR' "$rendered" | grep -qF 'valu
 grep -q 'networkpolicies' "$out/default.yaml" || { echo "FAIL the operator may not write NetworkPolicies"; exit 1; }
 if grep -q DBSERVICE_DATABASE_NETWORK_POLICIES "$out/default.yaml"; then echo "FAIL NetworkPolicies on by default"; exit 1; fi
 echo "ok   database NetworkPolicies reach the operator only when enabled"
+
+# Platform bounds on authors: image prefixes and import with the source's roles reach the operator.
+policy="$("$helm" template x "$chart" --set-json 'operator.allowedImagePrefixes=["registry.corp.example/","quay.io/org/"]' \
+  --set operator.allowImportWithSourceRoles=true)"
+grep -A1 'name: DBSERVICE_ALLOWED_IMAGE_PREFIXES' <<<"$policy" | grep -qF 'value: "registry.corp.example/,quay.io/org/"' \
+  || { echo "FAIL the allowed image prefixes do not reach the operator"; exit 1; }
+grep -A1 'name: DBSERVICE_ALLOW_IMPORT_WITH_SOURCE_ROLES' <<<"$policy" | grep -qF 'value: "true"' \
+  || { echo "FAIL allowImportWithSourceRoles does not reach the operator"; exit 1; }
+grep -A1 'name: DBSERVICE_ALLOW_IMPORT_WITH_SOURCE_ROLES' "$out/default.yaml" | grep -qF 'value: "false"' \
+  || { echo "FAIL import with the source's roles is allowed by default"; exit 1; }
+if "$helm" template x "$chart" --set-json 'operator.allowedImagePrefixes=["a,b"]' >/dev/null 2>&1; then
+  echo "FAIL schema accepted an image prefix with a comma"; exit 1
+fi
+echo "ok   image prefixes and import with source roles reach the operator"
