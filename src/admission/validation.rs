@@ -176,6 +176,7 @@ pub fn validate(
     if let Some(failover) = &spec.failover {
         validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
     }
+    validate_synchronous_commit(spec, &mut outcome.errors, &mut postgresql_warnings);
     if let Some(old) = old {
         validate_update(&old.spec, spec, &mut outcome.errors);
         validate_scale_down(old, spec, &mut outcome.errors);
@@ -249,6 +250,37 @@ pub const MAX_FAILOVER_SECONDS: u32 = 3600;
 pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
 /// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
 pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
+
+/// `synchronous_commit` against synchronous replication: `off` and `local` acknowledge a commit
+/// before any standby has it, so with `spec.failover.synchronousStandbys` they would void the
+/// promise that a failover loses no acknowledged commit (refused); `remote_write` keeps it unless
+/// the standby's machine fails too (warned). Sessions and roles may still lower it for themselves:
+/// that is the application's choice, per transaction, and documented.
+fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<FieldError>, warnings: &mut Vec<String>) {
+    let standbys = spec.failover_settings().synchronous_standbys;
+    if standbys == 0 {
+        return;
+    }
+    let Some(postgresql) = &spec.postgresql else { return };
+    let value = postgresql.parameters.iter().find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit"));
+    let Some((_, value)) = value else { return };
+    let path = "spec.postgresql.parameters[synchronous_commit]";
+    match value.trim().to_ascii_lowercase().as_str() {
+        "off" | "false" | "no" | "0" | "local" => errors.push(FieldError {
+            path: path.into(),
+            kind: FieldErrorKind::Forbidden,
+            detail: format!(
+                "{value:?} acknowledges commits no standby has, voiding spec.failover.synchronousStandbys = {standbys}: \
+                 use on or remote_apply, or synchronousStandbys 0 for asynchronous replication"
+            ),
+        }),
+        "remote_write" => warnings.push(format!(
+            "{path} is remote_write: a commit is acknowledged once a standby has written it, before it is on the \
+             standby's disk, so a failover loses it if the standby's machine fails too"
+        )),
+        _ => {}
+    }
+}
 
 fn validate_failover(failover: &FailoverSpec, replicas: i32, errors: &mut Vec<FieldError>) {
     let standbys = u32::try_from(replicas.saturating_sub(1)).unwrap_or(0);
