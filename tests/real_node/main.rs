@@ -12,6 +12,7 @@ mod backups;
 mod configuration;
 mod credentials;
 mod diagnostics;
+mod disruption;
 mod environment;
 mod failover;
 mod faults;
