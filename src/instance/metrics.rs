@@ -25,6 +25,10 @@ use tokio_postgres::Client;
 pub const MIN_SCRAPE_INTERVAL: Duration = Duration::from_secs(2);
 /// Longest scrape (Prometheus' default scrape timeout is 10 s).
 pub const SCRAPE_DEADLINE: Duration = Duration::from_secs(5);
+/// Shortest scrape deadline, whatever timeout the scraper announces.
+const MIN_SCRAPE_DEADLINE: Duration = Duration::from_millis(250);
+/// The header in which Prometheus announces its scrape timeout, in seconds.
+const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
 /// statement_timeout of the scrape's queries.
 const STATEMENT_TIMEOUT_MILLISECONDS: u32 = 2_000;
 /// The OpenMetrics content type.
@@ -232,13 +236,31 @@ struct Scrapes {
     last: Mutex<Option<(Instant, String)>>,
 }
 
-async fn metrics(State(scrapes): State<Arc<Scrapes>>) -> axum::response::Response {
+/// How long a scrape may take: 80% of the timeout the scraper announces (Prometheus sends it in
+/// [`SCRAPE_TIMEOUT_HEADER`]), within [`MIN_SCRAPE_DEADLINE`]..[`SCRAPE_DEADLINE`]. A hung server
+/// must be reported as `up 0` before the scraper gives up, or the alert on it never sees a sample.
+pub fn scrape_deadline(headers: &http::HeaderMap) -> Duration {
+    let announced = headers
+        .get(SCRAPE_TIMEOUT_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0);
+    match announced {
+        Some(seconds) => {
+            Duration::from_secs_f64((seconds * 0.8).min(SCRAPE_DEADLINE.as_secs_f64())).max(MIN_SCRAPE_DEADLINE)
+        }
+        None => SCRAPE_DEADLINE,
+    }
+}
+
+async fn metrics(State(scrapes): State<Arc<Scrapes>>, headers: http::HeaderMap) -> axum::response::Response {
+    let deadline = scrape_deadline(&headers);
     // One scrape at a time: the others wait for it and reuse its text.
     let mut last = scrapes.last.lock().await;
     if let Some((_, text)) = last.as_ref().filter(|(at, _)| at.elapsed() < MIN_SCRAPE_INTERVAL) {
         return ([(http::header::CONTENT_TYPE, CONTENT_TYPE)], text.clone()).into_response();
     }
-    let families = tokio::time::timeout(SCRAPE_DEADLINE, collect(&scrapes.config, &scrapes.custom))
+    let families = tokio::time::timeout(deadline, collect(&scrapes.config, &scrapes.custom))
         .await
         .unwrap_or_else(|_| vec![Family::gauge("dbservice_postgres_up", "1 when the local PostgreSQL answers", 0.0)]);
     let text = render(&families);
@@ -255,6 +277,22 @@ pub fn router(config: InstanceConfig, custom: QueriesSource) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scrape_deadline_follows_the_scrapers_announced_timeout() {
+        let with = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(SCRAPE_TIMEOUT_HEADER, http::HeaderValue::from_str(value).unwrap());
+            scrape_deadline(&headers)
+        };
+        assert_eq!(scrape_deadline(&http::HeaderMap::new()), SCRAPE_DEADLINE);
+        assert_eq!(with("2"), Duration::from_millis(1600));
+        assert_eq!(with("10"), SCRAPE_DEADLINE);
+        assert_eq!(with("0.1"), MIN_SCRAPE_DEADLINE);
+        for nonsense in ["0", "-3", "NaN", "inf", "soon"] {
+            assert_eq!(with(nonsense), SCRAPE_DEADLINE, "{nonsense}");
+        }
+    }
 
     #[test]
     fn families_render_as_openmetrics_with_escaped_labels_and_an_eof() {

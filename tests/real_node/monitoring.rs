@@ -4,7 +4,11 @@
 //! by `promtool`), and every panel query of the chart's dashboard returns data. Then the two
 //! failures the alerts exist for are caused for real: the object store becomes unreachable
 //! (`DBServiceArchivingFailing` fires) and a standby loses its stream (`DBServiceReplicationBroken`
-//! fires). The rules keep their expressions; only their `for` is shortened to seconds.
+//! fires). A second test causes the other five: replay paused on a standby (`DBServiceReplicationLagHigh`),
+//! transaction IDs consumed (`DBServiceWraparoundNear`), a sized volume filled
+//! (`DBServiceDiskAlmostFull`) and the primary's server hung with the failover delayed
+//! (`DBServiceDown`, `DBServiceNoPrimary`). The rules keep their expressions; only their `for` is
+//! shortened to seconds, and two thresholds are scaled to what a test causes in seconds.
 
 use crate::backups::BRIDGE_ADDRESS;
 use crate::environment::psql_in_instance;
@@ -320,4 +324,119 @@ async fn prometheus_scrapes_the_agents_runs_every_panel_and_fires_the_alerts_of_
     let replication = prometheus.firing("DBServiceReplicationBroken", Duration::from_secs(180)).await;
     assert_eq!(replication["pod"], standby.as_str(), "{replication}");
     eprintln!("[monitoring] DBServiceReplicationBroken fired for {standby}");
+}
+
+/// `rules` with `from` replaced by `to` in alert `alert`'s expression (exactly once): a threshold
+/// scaled for a test, the rest of the expression as the chart ships it.
+fn with_threshold(mut rules: Value, alert: &str, from: &str, to: &str) -> Value {
+    let rule = rules["groups"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .flat_map(|group| group["rules"].as_array_mut().unwrap().iter_mut())
+        .find(|rule| rule["alert"] == alert)
+        .unwrap_or_else(|| panic!("no rule {alert}"));
+    let expression = rule["expr"].as_str().unwrap().to_string();
+    assert_eq!(expression.matches(from).count(), 1, "{alert}: {expression}");
+    rule["expr"] = json!(expression.replace(from, to));
+    rules
+}
+
+/// The value of a one-sample instant query.
+async fn single_value(prometheus: &Prometheus, expression: &str) -> f64 {
+    let samples = eventually(&format!("a sample of {expression}"), Duration::from_secs(60), || async {
+        let samples = prometheus.query(expression).await;
+        (samples.len() == 1).then_some(samples)
+    })
+    .await;
+    samples[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn prometheus_fires_lag_wraparound_disk_down_and_no_primary_alerts_of_real_failures() {
+    let fault = "monitoring: lag, wraparound, full disk, hung primary";
+    let Some(bed) = Bed::start_on_sized_volumes(fault, 2).await else { return };
+    let primary = bed.primary().await;
+    let standby = bed.other_than(&primary);
+    // Thresholds scaled to what a test can cause in seconds: 8 MiB of replay lag instead of 1 GiB,
+    // and transaction ID age 100,000 above today's instead of a billion.
+    let age: u64 =
+        psql_in_instance(bed.ns(), &primary, "select max(age(datfrozenxid)) from pg_database").trim().parse().unwrap();
+    let wraparound = age + 100_000;
+    let monitoring = render_chart();
+    let rules = shortened(&monitoring.rules);
+    let rules = with_threshold(rules, "DBServiceReplicationLagHigh", "> 1073741824", "> 8388608");
+    let rules = with_threshold(rules, "DBServiceWraparoundNear", "> 1000000000", &format!("> {wraparound}"));
+    let work = tempfile::Builder::new().prefix("dbservice-prometheus-").tempdir_in("/tmp").unwrap();
+    let kubeconfig = admin_kubeconfig().expect("the cluster's kubeconfig");
+    let prometheus =
+        Prometheus::start(work.path(), &scrape_config(&monitoring.pod_monitor, bed.ns(), &kubeconfig), &rules);
+    eventually("both agents scraped", Duration::from_secs(90), || async {
+        let data = prometheus.get("/api/v1/targets", &[("state", "active")]).await?;
+        let targets = data["activeTargets"].as_array()?.clone();
+        (targets.len() == 2 && targets.iter().all(|target| target["health"] == "up")).then_some(())
+    })
+    .await;
+    eventually("every rule evaluated", Duration::from_secs(30), || async {
+        let data = prometheus.get("/api/v1/rules", &[("type", "alert")]).await?;
+        let groups = data["groups"].as_array()?.clone();
+        let all: Vec<Value> = groups.iter().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).collect();
+        all.iter().all(|rule| rule["health"] == "ok" && !rule["lastEvaluation"].is_null()).then_some(())
+    })
+    .await;
+    let healthy = prometheus.get("/api/v1/alerts", &[]).await.unwrap();
+    assert_eq!(healthy["alerts"].as_array().map(Vec::len), Some(0), "alerts before any fault: {healthy}");
+
+    // Replay paused on the standby while the primary writes about 30 MB of WAL.
+    psql_in_instance(bed.ns(), &standby, "select pg_wal_replay_pause()");
+    psql_in_instance(
+        bed.ns(),
+        &primary,
+        "create table lag_load as select n, repeat('x', 1000) as payload from generate_series(1, 25000) n",
+    );
+    let lag = prometheus.firing("DBServiceReplicationLagHigh", Duration::from_secs(120)).await;
+    assert_eq!(lag["standby"], standby.as_str(), "{lag}");
+    eprintln!("[monitoring] DBServiceReplicationLagHigh fired for {standby}");
+    psql_in_instance(bed.ns(), &standby, "select pg_wal_replay_resume()");
+
+    // 150,000 transactions, each taking an ID: the oldest unfrozen one ages past the threshold.
+    psql_in_instance(
+        bed.ns(),
+        &primary,
+        // One statement (a multi-statement string is one transaction, in which COMMIT is refused).
+        "do $$ begin perform pg_catalog.set_config('synchronous_commit', 'off', false); \
+         for i in 1..150000 loop perform pg_catalog.txid_current(); commit; end loop; end $$",
+    );
+    let wraparound_alert = prometheus.firing("DBServiceWraparoundNear", Duration::from_secs(120)).await;
+    eprintln!("[monitoring] DBServiceWraparoundNear fired: {wraparound_alert}");
+
+    // The standby's 1 GiB volume filled to 95% by a file beside its data directory.
+    let selector = format!("{{namespace=\"{}\",pod=\"{standby}\"}}", bed.ns());
+    let free = single_value(&prometheus, &format!("dbservice_instance_volume_free_bytes{selector}")).await;
+    let size = single_value(&prometheus, &format!("dbservice_instance_volume_size_bytes{selector}")).await;
+    assert!(size < 2.0 * 1024.0 * 1024.0 * 1024.0, "a sized volume, not the host's disk: {size} bytes");
+    let fill = (free - 0.05 * size).max(0.0) as u64;
+    let filler = "/var/lib/postgresql/data/filler";
+    let write = format!("head -c {fill} /dev/zero > {filler}");
+    crate::support::kubectl(&["-n", bed.ns(), "exec", &standby, "-c", "postgres", "--", "sh", "-c", &write]);
+    let disk = prometheus.firing("DBServiceDiskAlmostFull", Duration::from_secs(120)).await;
+    assert_eq!(disk["pod"], standby.as_str(), "{disk}");
+    eprintln!("[monitoring] DBServiceDiskAlmostFull fired for {standby} ({fill} bytes written, {size} in all)");
+    crate::support::kubectl(&["-n", bed.ns(), "exec", &standby, "-c", "postgres", "--", "rm", "-f", filler]);
+
+    // The primary's PostgreSQL hung, with the failover delayed so that nothing replaces it: no
+    // instance is primary, and the primary's server does not answer.
+    let delayed = kube::api::Patch::Merge(json!({"spec": {"failover": {"delaySeconds": 600}}}));
+    bed.databases().patch(crate::failover::DATABASE, &kube::api::PatchParams::default(), &delayed).await.unwrap();
+    let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");
+    let stalled = dbservice_operator::instance::postgres::server_processes(postmaster.pid);
+    dbservice_operator::instance::postgres::signal_server(postmaster.pid, libc::SIGSTOP);
+    let down = prometheus.firing("DBServiceDown", Duration::from_secs(120)).await;
+    let no_primary = prometheus.firing("DBServiceNoPrimary", Duration::from_secs(120)).await;
+    for pid in &stalled {
+        host::signal(*pid, libc::SIGCONT);
+    }
+    assert_eq!(down["pod"], primary.as_str(), "{down}");
+    assert_eq!(no_primary["database"], crate::failover::DATABASE, "{no_primary}");
+    eprintln!("[monitoring] DBServiceDown fired for {primary}; DBServiceNoPrimary fired for the database");
 }
