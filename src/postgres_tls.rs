@@ -162,6 +162,18 @@ pub enum ConnectError {
     Postgres(#[from] tokio_postgres::Error),
 }
 
+/// The search_path of every privileged session (issue 37, CVE-2018-1058): `pg_temp` last, so
+/// that temporary objects cannot shadow either. See `instance::session`.
+pub const SEARCH_PATH: &str = "pg_catalog,pg_temp";
+
+/// The search_path alone: `PGOPTIONS` of a tool the agent runs that does not pin its own (psql
+/// does not; pg_dump, pg_dumpall, pg_restore, pg_upgrade, pg_rewind and vacuumdb do), and the
+/// backup job's session. No timeouts: those runs are bounded by their caller, and a restore or a
+/// backup's wait for WAL may take long.
+pub fn tool_options() -> String {
+    format!("-c search_path={SEARCH_PATH}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

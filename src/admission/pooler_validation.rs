@@ -6,7 +6,7 @@
 use crate::admission::field_error::{FieldError, FieldErrorKind};
 use crate::admission::image_reference::validate_image_at;
 use crate::api::names::ChildNames;
-use crate::api::pooler::{parameter_kind, ParameterKind, PoolerSpec, MAX_INSTANCES, MAX_PARAMETERS};
+use crate::api::pooler::{parameter_kind, ParameterKind, PoolerSpec, MAX_INSTANCES, MAX_PARAMETERS, MAX_PAUSE};
 
 /// Longest value of a text parameter (a query).
 const MAX_TEXT_LENGTH: usize = 1024;
@@ -73,7 +73,32 @@ pub fn validate_pooler(name: &str, pooler: &PoolerSpec, errors: &mut Vec<FieldEr
         };
         if let Err(detail) = valid_value(kind, value) {
             errors.push(FieldError::invalid(&path, value, detail));
+        } else if let Some(detail) = breaks_switchover(parameter, value) {
+            errors.push(FieldError::invalid(&path, value, detail));
         }
+    }
+}
+
+/// Longest `server_login_retry`, in seconds: after a failed server login (the old primary gone,
+/// the new one not yet there) PgBouncer refuses every new client of the pool for that long. The
+/// operator sets 1; PgBouncer's 15 would add up to 15 s to every failover's outage.
+pub const MAX_SERVER_LOGIN_RETRY_SECONDS: f64 = 2.0;
+
+/// Why `value` of a well-formed `parameter` would break the pooled switchover or failover, if it
+/// would: the operator relies on a short login retry and on clients waiting through a pause.
+fn breaks_switchover(parameter: &str, value: &str) -> Option<String> {
+    let seconds: f64 = value.parse().ok()?;
+    match parameter {
+        "server_login_retry" if seconds > MAX_SERVER_LOGIN_RETRY_SECONDS => Some(format!(
+            "must be at most {MAX_SERVER_LOGIN_RETRY_SECONDS}: after a failover's first refused login PgBouncer \
+             refuses the pool's clients for this many seconds (the operator sets 1)"
+        )),
+        "query_wait_timeout" if seconds > 0.0 && seconds < MAX_PAUSE.as_secs_f64() => Some(format!(
+            "must be 0 (no limit) or at least {}: clients held by a switchover's pause (up to {} s) would get an error instead of their answer",
+            MAX_PAUSE.as_secs(),
+            MAX_PAUSE.as_secs()
+        )),
+        _ => None,
     }
 }
 
@@ -91,7 +116,7 @@ mod tests {
     #[test]
     fn a_plain_pooler_and_well_formed_parameters_pass() {
         let parameters = serde_json::json!({
-            "server_lifetime": "3600", "query_wait_timeout": "0.5", "log_connections": "0",
+            "server_lifetime": "3600", "query_wait_timeout": "120.5", "log_connections": "0",
             "server_reset_query": "DISCARD ALL", "reserve_pool_size": "5",
         });
         let pooler =
@@ -120,5 +145,22 @@ mod tests {
         assert!(joined.contains("spec.pooler.parameters.log_connections: must be 0 or 1"), "{joined}");
         assert!(joined.contains("spec.pooler.parameters.server_reset_query: must be one line"), "{joined}");
         assert_eq!(errors.len(), 8, "{joined}");
+    }
+
+    #[test]
+    fn values_that_would_break_a_pooled_switchover_are_refused() {
+        let refused = serde_json::json!({"server_login_retry": "15", "query_wait_timeout": "5"});
+        let errors = errors_of("orders", serde_json::json!({"parameters": refused}));
+        let joined = errors.join("\n");
+        assert!(joined.contains("spec.pooler.parameters.server_login_retry: must be at most 2"), "{joined}");
+        assert!(
+            joined.contains("spec.pooler.parameters.query_wait_timeout: must be 0 (no limit) or at least 60"),
+            "{joined}"
+        );
+        assert_eq!(errors.len(), 2, "{joined}");
+        let kept = serde_json::json!({"server_login_retry": "0.5", "query_wait_timeout": "0"});
+        assert_eq!(errors_of("orders", serde_json::json!({"parameters": kept})), Vec::<String>::new());
+        let long_wait = serde_json::json!({"server_login_retry": "2", "query_wait_timeout": "120"});
+        assert_eq!(errors_of("orders", serde_json::json!({"parameters": long_wait})), Vec::<String>::new());
     }
 }

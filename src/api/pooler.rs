@@ -67,6 +67,10 @@ pub const DEFAULT_MAX_CLIENT_CONNECTIONS: u32 = 1000;
 pub const MAX_CLIENT_CONNECTIONS: u32 = 50_000;
 /// Most `parameters`.
 pub const MAX_PARAMETERS: usize = 32;
+/// Longest pause of the read-write PgBouncer for a switchover, whatever happens: the operator's
+/// switchover timeout is shorter, and clients that waited this long are better served by an error
+/// than by more waiting.
+pub const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// PgBouncer parameters `spec.pooler.parameters` may set (PgBouncer 1.18 and later), with the
 /// kind of value each takes. What is not listed is the operator's (listening, authentication,

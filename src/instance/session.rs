@@ -10,9 +10,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-/// The search_path of every privileged session: `pg_temp` last, so that temporary objects
-/// cannot shadow either.
-pub const SEARCH_PATH: &str = "pg_catalog,pg_temp";
+pub use crate::postgres_tls::{tool_options, SEARCH_PATH};
 
 /// Longest wait for a lock: an application holding one fails the step (it is retried) instead
 /// of stalling the agent.
@@ -46,14 +44,6 @@ pub fn options(sql: Sql, statement_timeout: Duration) -> String {
         options.push(format!("-c {name}={}", value.as_millis()));
     }
     options.join(" ")
-}
-
-/// The search_path alone: `PGOPTIONS` of a tool the agent runs that does not pin its own (psql
-/// does not; pg_dump, pg_dumpall, pg_restore, pg_upgrade, pg_rewind and vacuumdb do), and the
-/// backup job's session. No timeouts: those runs are bounded by their caller, and a restore or a
-/// backup's wait for WAL may take long.
-pub fn tool_options() -> String {
-    format!("-c search_path={SEARCH_PATH}")
 }
 
 /// A connection over the unix socket in `socket_dir` as `user` to `database`, with [`options`].

@@ -3,9 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-/// Longest pause whatever happens: the operator's switchover timeout is shorter, and clients
-/// that waited this long are better served by an error than by more waiting.
-pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+pub use crate::api::pooler::MAX_PAUSE;
 /// How long a pause may wait for its switchover to show up in the status before the agent
 /// decides the operator never published it (it crashed, or lost its leadership, in between).
 pub const UNSTARTED_GRACE: Duration = Duration::from_secs(10);

@@ -110,7 +110,7 @@ async fn connect_as(
         .application_name("dbservice-backup")
         // Privileged (replication) SQL: pinned search_path as the agent's (issue 37); no
         // statement timeout, a backup's waits are bounded by the job.
-        .options(crate::instance::session::tool_options())
+        .options(crate::postgres_tls::tool_options())
         .connect_timeout(Duration::from_secs(10));
     if let Some(password) = password {
         config.password(password);

@@ -298,7 +298,7 @@ impl Slim for Pod {
         slim_metadata(&mut self.metadata);
         self.metadata.annotations = (!kept.is_empty()).then_some(kept);
         if let Some(spec) = self.spec.take() {
-            use crate::operator::database::credentials_form::{
+            use crate::operator::database::build::credentials::{
                 env_references_replication_keys, volume_references_replication_keys,
             };
             // References to the credentials Secret's replication keys (pods an older operator

@@ -17,20 +17,22 @@ use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::operator::context::PassContext;
 use crate::operator::database::build::credentials::{credentials_secret, superuser_secret};
+pub use crate::operator::database::build::credentials::{
+    env_references_replication_keys, pod_references_replication_keys, volume_references_replication_keys,
+    REPLICATION_KEYS,
+};
 use crate::operator::database::build::tls::CA_CONFIG_MAP_KEY;
 use crate::operator::database::observe::Observed;
 use crate::operator::journal::Journal;
 use crate::operator::ledger::LedgerEntry;
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{EnvVar, KeyToPath, Pod, Secret, Volume};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use std::collections::BTreeMap;
 
-/// Keys of the credentials Secret that an operator before Secret NAME-replication wrote.
-pub const REPLICATION_KEYS: [&str; 2] = ["replication-username", "replication-password"];
 /// Event reason and ledger action of a rewrite.
 pub const REWRITTEN: &str = "CredentialsRewritten";
 
@@ -104,34 +106,6 @@ pub fn replication_keys_go(
     let held = text(live, "replication-password");
     let kept = replication.and_then(|data| text(data, "password"));
     !pods_reference && kept.is_some_and(|kept| held.is_none_or(|held| held == kept))
-}
-
-/// Whether `variable` takes a replication key from a Secret (pods made before issue 22).
-pub fn env_references_replication_keys(variable: &EnvVar) -> bool {
-    let reference = variable.value_from.as_ref().and_then(|from| from.secret_key_ref.as_ref());
-    reference.is_some_and(|reference| REPLICATION_KEYS.contains(&reference.key.as_str()))
-}
-
-/// Whether `volume` mounts a replication key of a Secret as a file (pods of issue 22 made
-/// before Secret NAME-replication): a listed key missing keeps the volume from being mounted.
-pub fn volume_references_replication_keys(volume: &Volume) -> bool {
-    let lists = |items: Option<&Vec<KeyToPath>>| {
-        items.is_some_and(|items| items.iter().any(|item| REPLICATION_KEYS.contains(&item.key.as_str())))
-    };
-    let projected = volume.projected.as_ref().and_then(|projected| projected.sources.as_ref());
-    volume.secret.as_ref().is_some_and(|secret| lists(secret.items.as_ref()))
-        || projected.is_some_and(|sources| {
-            sources.iter().any(|source| source.secret.as_ref().is_some_and(|secret| lists(secret.items.as_ref())))
-        })
-}
-
-/// Whether `pod` references a replication key (the cached pods keep these references, see
-/// `caches::Slim for Pod`): it would not start again without it (CreateContainerConfigError).
-pub fn pod_references_replication_keys(pod: &Pod) -> bool {
-    let Some(spec) = &pod.spec else { return false };
-    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    containers.flat_map(|container| container.env.iter().flatten()).any(env_references_replication_keys)
-        || spec.volumes.iter().flatten().any(volume_references_replication_keys)
 }
 
 /// The event of a rewrite (pure): whether it is a Warning, and its note (also the ledger's). A
@@ -253,6 +227,7 @@ async fn rewrite_one(
 mod tests {
     use super::*;
     use crate::operator::database::build::test_database;
+    use k8s_openapi::api::core::v1::Pod;
 
     fn data(entries: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
         entries.iter().map(|(key, value)| (key.to_string(), ByteString(value.as_bytes().to_vec()))).collect()

@@ -7,7 +7,7 @@ use crate::api::database_service::DatabaseService;
 use crate::api::names::ChildNames;
 use crate::api::pod::{POSTGRES_PORT, REPLICATION_USER, SUPERUSER};
 use crate::operator::database::build::metadata;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, EnvVar, KeyToPath, Pod, Secret, Volume};
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
@@ -20,6 +20,37 @@ fn opaque_secret(database: &DatabaseService, name: String, entries: Vec<(&str, S
     let data: BTreeMap<String, ByteString> =
         entries.into_iter().map(|(key, value)| (key.to_string(), ByteString(value.into_bytes()))).collect();
     Secret { metadata: metadata(database, name), type_: Some("Opaque".into()), data: Some(data), ..Default::default() }
+}
+
+/// Keys of the credentials Secret that an operator before Secret NAME-replication wrote.
+pub const REPLICATION_KEYS: [&str; 2] = ["replication-username", "replication-password"];
+
+/// Whether `variable` takes a replication key from a Secret (pods made before issue 22).
+pub fn env_references_replication_keys(variable: &EnvVar) -> bool {
+    let reference = variable.value_from.as_ref().and_then(|from| from.secret_key_ref.as_ref());
+    reference.is_some_and(|reference| REPLICATION_KEYS.contains(&reference.key.as_str()))
+}
+
+/// Whether `volume` mounts a replication key of a Secret as a file (pods of issue 22 made
+/// before Secret NAME-replication): a listed key missing keeps the volume from being mounted.
+pub fn volume_references_replication_keys(volume: &Volume) -> bool {
+    let lists = |items: Option<&Vec<KeyToPath>>| {
+        items.is_some_and(|items| items.iter().any(|item| REPLICATION_KEYS.contains(&item.key.as_str())))
+    };
+    let projected = volume.projected.as_ref().and_then(|projected| projected.sources.as_ref());
+    volume.secret.as_ref().is_some_and(|secret| lists(secret.items.as_ref()))
+        || projected.is_some_and(|sources| {
+            sources.iter().any(|source| source.secret.as_ref().is_some_and(|secret| lists(secret.items.as_ref())))
+        })
+}
+
+/// Whether `pod` references a replication key (the cached pods keep these references, see
+/// `caches::Slim for Pod`): it would not start again without it (CreateContainerConfigError).
+pub fn pod_references_replication_keys(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    containers.flat_map(|container| container.env.iter().flatten()).any(env_references_replication_keys)
+        || spec.volumes.iter().flatten().any(volume_references_replication_keys)
 }
 
 /// The credentials Secret (what applications mount); `password` comes from the CSPRNG once. The
