@@ -412,6 +412,15 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     })
     .await;
     assert!(!answer.contains("exit 0"), "the superuser got in through the pooler: {answer}");
+    // Refused for the reason the check names (the pooler found no such login), not because the
+    // name did not resolve, TLS failed or the pooler did not answer.
+    let lowered = answer.to_lowercase();
+    assert!(
+        ["password authentication failed", "sasl authentication failed", "no such user"]
+            .iter()
+            .any(|reason| lowered.contains(reason)),
+        "the superuser was refused for another reason than its login: {answer}"
+    );
 
     // 5. The pools' metrics in Prometheus: both pooler pods discovered, labelled with their
     // database, both PgBouncers up; the traffic, the waits and the switchover's pause recorded.
