@@ -35,7 +35,7 @@ image: ## build the operator image from the Dockerfile with buildah and load it 
 
 test: cluster-up image ## unit, HTTP, replication, kwok end-to-end and real-node tests against the local control plane
 	scripts/demo.sh --stop
-	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --lib --bins --tests -- --test-threads 16
+	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --no-fail-fast --lib --bins --tests -- --test-threads 16
 
 demo: cluster-up image ## the chart with the operator image on the real node, a DatabaseService with real PostgreSQL, psql at the end
 	KUBECONFIG=$(KUBECONFIG_LOCAL) PATH="$(CLUSTER_DIR)/bin:$$PATH" scripts/demo.sh
