@@ -234,6 +234,11 @@ async fn the_pooler_role_looks_up_login_roles_but_never_a_superuser_and_nobody_e
     };
     assert_eq!(found("application").await, "application:SCRAM-SHA-256$");
     assert_eq!(found(SUPERUSER).await, "none", "never a superuser");
+    // No row at all, not a row of NULLs: PgBouncer answers a NULL row with "bouncer config
+    // error" instead of an authentication failure.
+    let rows = "SELECT count(*) FROM dbservice_pooler.user_password($1)";
+    let count: i64 = pooler.query_one(rows, &[&SUPERUSER]).await.unwrap().get(0);
+    assert_eq!(count, 0, "the superuser's lookup returns no row");
     assert_eq!(found(POOLER_ROLE).await, "none", "not itself");
     assert_eq!(found("replicator").await, "none");
     let catalog = pooler.query_one("SELECT count(*) FROM pg_authid", &[]).await.expect_err("no catalog access");

@@ -250,7 +250,8 @@ pub fn auth_function_check() -> String {
         "SELECT n.nspowner = me.oid AND NOT EXISTS (SELECT FROM pg_catalog.pg_proc f \
            WHERE f.pronamespace = n.oid AND f.proowner <> me.oid), \
          EXISTS (SELECT FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid AND p.proname = 'user_password' \
-           AND p.proowner = me.oid AND p.prosecdef AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'] \
+           AND p.proowner = me.oid AND p.prosecdef AND p.proretset \
+           AND p.proconfig = ARRAY['search_path=pg_catalog, pg_temp'] \
            AND pg_catalog.has_function_privilege('{POOLER_ROLE}', p.oid, 'EXECUTE') \
            AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE')) \
          FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles me \
@@ -280,7 +281,12 @@ pub fn auth_function_statements(found: AuthSchema) -> Vec<String> {
     }
     let mut statements = vec!["BEGIN".to_string()];
     match found {
-        AuthSchema::Ours { .. } => {}
+        // Made anew, not replaced: a set-returning function cannot replace the single-record one
+        // of before (which answered an unknown or refused login with a row of NULLs, and
+        // PgBouncer with "bouncer config error" instead of an authentication failure).
+        AuthSchema::Ours { .. } => {
+            statements.push(format!("DROP FUNCTION IF EXISTS {POOLER_SCHEMA}.user_password(text)"))
+        }
         // Never `IF NOT EXISTS`: a schema the application made first would be kept.
         AuthSchema::Absent => statements.push(format!("CREATE SCHEMA {POOLER_SCHEMA}")),
         AuthSchema::Foreign => {
@@ -291,8 +297,9 @@ pub fn auth_function_statements(found: AuthSchema) -> Vec<String> {
     statements.extend([
         format!("REVOKE ALL ON SCHEMA {POOLER_SCHEMA} FROM PUBLIC"),
         format!(
-            "CREATE OR REPLACE FUNCTION {POOLER_SCHEMA}.user_password(role_name text, OUT usename name, OUT passwd text) \
-             RETURNS record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $function$ \
+            "CREATE FUNCTION {POOLER_SCHEMA}.user_password(role_name text) \
+             RETURNS TABLE (usename name, passwd text) LANGUAGE sql STABLE SECURITY DEFINER \
+             SET search_path = pg_catalog, pg_temp AS $function$ \
              SELECT rolname, rolpassword::text FROM pg_catalog.pg_authid \
              WHERE rolname = role_name AND rolcanlogin AND NOT rolsuper AND NOT rolreplication \
              AND rolname <> '{POOLER_ROLE}' AND (rolvaliduntil IS NULL OR rolvaliduntil > pg_catalog.now()) $function$"
@@ -362,6 +369,12 @@ mod tests {
         assert!(repaired
             .iter()
             .all(|sql| !sql.contains("SCHEMA dbservice_pooler CASCADE") && sql != "CREATE SCHEMA dbservice_pooler"));
-        assert!(repaired.iter().any(|sql| sql.starts_with("CREATE OR REPLACE FUNCTION")));
+        assert!(repaired
+            .iter()
+            .any(|sql| sql.starts_with("DROP FUNCTION IF EXISTS dbservice_pooler.user_password(text)")));
+        assert!(repaired.iter().any(|sql| sql.starts_with("CREATE FUNCTION")));
+        // No row, not a row of NULLs, for a login it refuses; and the check asks for that form.
+        assert!(repaired.iter().any(|sql| sql.contains("RETURNS TABLE (usename name, passwd text)")));
+        assert!(check.contains("p.proretset"), "{check}");
     }
 }

@@ -12,7 +12,6 @@ mod backups;
 mod configuration;
 mod credentials;
 mod diagnostics;
-mod disruption;
 mod environment;
 mod failover;
 mod faults;

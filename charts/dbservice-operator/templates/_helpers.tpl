@@ -191,10 +191,18 @@ namespaceSelector:
       values:
         {{- toYaml $excluded | nindent 8 }}
 matchConditions:
-  # A DatabaseService that is being deleted only changes to drop its finalizer; never block that
-  # (e.g. if the operator is down the object could otherwise never go away).
+  {{- if eq .type "validating" }}
+  # A terminating DatabaseService is validated when its spec changes (its agents and the operator
+  # would carry the change out while any finalizer holds it); a change of its finalizers, labels
+  # or status alone does not call the webhook, so an operator that is down never keeps it from
+  # going away.
+  - name: live-or-spec-changed
+    expression: "!has(object.metadata.deletionTimestamp) || (oldObject != null && object.spec != oldObject.spec)"
+  {{- else }}
+  # Defaults are for live objects: a terminating one is never mutated.
   - name: not-being-deleted
     expression: "!has(object.metadata.deletionTimestamp)"
+  {{- end }}
   {{- with $ctx.Values.webhook.extraMatchConditions }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
