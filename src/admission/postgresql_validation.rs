@@ -103,7 +103,8 @@ fn validate_parameters(
     }
 }
 
-fn is_off(value: &str) -> bool {
+/// Whether a boolean setting's `value` is one of PostgreSQL's spellings of off.
+pub(crate) fn is_off(value: &str) -> bool {
     matches!(value.trim().to_ascii_lowercase().as_str(), "off" | "false" | "no" | "0")
 }
 

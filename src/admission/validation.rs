@@ -4,6 +4,7 @@
 //! errors (`spec.version: Invalid value: "latest": must match ...`).
 
 pub use crate::admission::field_error::{FieldError, FieldErrorKind, ValidationOutcome};
+use crate::admission::postgresql_validation::is_off;
 use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
 use crate::api::pod::{REPLICATION_USER, SUPERUSER};
 pub use crate::api::version::{major_version, VERSION_PATTERN};
@@ -265,8 +266,9 @@ fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<Fiel
     let value = postgresql.parameters.iter().find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit"));
     let Some((_, value)) = value else { return };
     let path = "spec.postgresql.parameters[synchronous_commit]";
-    match value.trim().to_ascii_lowercase().as_str() {
-        "off" | "false" | "no" | "0" | "local" => errors.push(FieldError {
+    let lowered = value.trim().to_ascii_lowercase();
+    match lowered.as_str() {
+        _ if is_off(value) || lowered == "local" => errors.push(FieldError {
             path: path.into(),
             kind: FieldErrorKind::Forbidden,
             detail: format!(
