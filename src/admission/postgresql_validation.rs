@@ -103,10 +103,7 @@ fn validate_parameters(
     }
 }
 
-/// Whether a boolean setting's `value` is one of PostgreSQL's spellings of off.
-pub(crate) fn is_off(value: &str) -> bool {
-    matches!(value.trim().to_ascii_lowercase().as_str(), "off" | "false" | "no" | "0")
-}
+pub(crate) use crate::api::postgresql::is_off;
 
 fn shown(value: &str) -> String {
     let mut shown: String = value.chars().take(64).collect();

@@ -252,28 +252,67 @@ pub const MIN_SWITCHOVER_TIMEOUT_SECONDS: u32 = 5;
 /// Largest maximumLagBytes (1 TiB): beyond that, a limit is no limit.
 pub const MAX_FAILOVER_LAG_BYTES: u64 = 1 << 40;
 
+/// `spec.failover.dataDurability` against `synchronousStandbys`: `required` and `preferred`
+/// need at least one synchronous standby, and `required` one that exists (commits would wait
+/// for ever).
+fn validate_durability(failover: &FailoverSpec, standbys: u32, errors: &mut Vec<FieldError>) {
+    use crate::api::synchronous::DataDurability;
+    let Some(mode) = failover.data_durability else { return };
+    if mode != DataDurability::None && failover.synchronous_standbys == Some(0) {
+        errors.push(FieldError::invalid(
+            "spec.failover.synchronousStandbys",
+            0,
+            format!(
+                "must be at least 1 with dataDurability {mode}: use dataDurability none for asynchronous replication"
+            ),
+        ));
+    }
+    if mode == DataDurability::Required && failover.synchronous_standbys.is_none() && standbys == 0 {
+        errors.push(FieldError::invalid(
+            "spec.failover.dataDurability",
+            mode,
+            "needs replicas of at least 2: every commit would wait for a standby that does not exist".to_string(),
+        ));
+    }
+}
+
 /// `synchronous_commit` against synchronous replication: `off` and `local` acknowledge a commit
-/// before any standby has it, so with `spec.failover.synchronousStandbys` they would void the
-/// promise that a failover loses no acknowledged commit (refused); `remote_write` keeps it unless
-/// the standby's machine fails too (warned). Sessions and roles may still lower it for themselves:
-/// that is the application's choice, per transaction, and documented.
+/// before any standby has it, so with a durability of `required` or `preferred` chosen in the
+/// spec they would void the promise that a failover loses no acknowledged commit (refused; left
+/// to the default, they make it `none`); `remote_write` keeps it unless the standby's machine
+/// fails too (warned). Sessions and roles may still lower it for themselves: that is the
+/// application's choice, per transaction, and documented.
 fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<FieldError>, warnings: &mut Vec<String>) {
-    let standbys = spec.failover_settings().synchronous_standbys;
+    let durability = spec.durability();
+    let standbys = durability.standbys;
+    let failover = spec.failover.as_ref();
+    let chosen =
+        failover.is_some_and(|failover| failover.data_durability.is_some() || failover.synchronous_standbys.is_some());
+    if standbys == 0
+        && !chosen
+        && spec.replicas_or_default() >= 2
+        && synchronous_commit_of(spec).is_some_and(skips_standbys)
+    {
+        warnings.push(
+            "spec.postgresql.parameters[synchronous_commit] acknowledges commits no standby has: data durability is \
+             none (asynchronous replication), not the default preferred"
+                .to_string(),
+        );
+    }
     if standbys == 0 {
         return;
     }
-    let Some(postgresql) = &spec.postgresql else { return };
-    let value = postgresql.parameters.iter().find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit"));
-    let Some((_, value)) = value else { return };
+    let mode = durability.mode;
+    let Some(value) = synchronous_commit_of(spec) else { return };
     let path = "spec.postgresql.parameters[synchronous_commit]";
-    let lowered = value.trim().to_ascii_lowercase();
-    match lowered.as_str() {
-        _ if is_off(value) || lowered == "local" => errors.push(FieldError {
+    match value.trim().to_ascii_lowercase().as_str() {
+        _ if skips_standbys(value) => errors.push(FieldError {
             path: path.into(),
             kind: FieldErrorKind::Forbidden,
             detail: format!(
-                "{value:?} acknowledges commits no standby has, voiding spec.failover.synchronousStandbys = {standbys}: \
-                 use on or remote_apply, or synchronousStandbys 0 for asynchronous replication"
+                "{value:?} acknowledges commits no standby has, voiding data durability {mode} with \
+                 {standbys} synchronous standby(s): use on or remote_apply, or spec.failover.dataDurability: none \
+                 for asynchronous replication"
             ),
         }),
         "remote_write" => warnings.push(format!(
@@ -284,8 +323,20 @@ fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<Fiel
     }
 }
 
+fn synchronous_commit_of(spec: &DatabaseServiceSpec) -> Option<&str> {
+    let postgresql = spec.postgresql.as_ref()?;
+    let mut parameters = postgresql.parameters.iter();
+    parameters.find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit")).map(|(_, value)| value.as_str())
+}
+
+/// `off` and `local` acknowledge a commit before any standby has it.
+fn skips_standbys(value: &str) -> bool {
+    is_off(value) || value.trim().eq_ignore_ascii_case("local")
+}
+
 fn validate_failover(failover: &FailoverSpec, replicas: i32, errors: &mut Vec<FieldError>) {
     let standbys = u32::try_from(replicas.saturating_sub(1)).unwrap_or(0);
+    validate_durability(failover, standbys, errors);
     if let Some(count) = failover.synchronous_standbys.filter(|count| *count > standbys) {
         errors.push(FieldError::invalid(
             "spec.failover.synchronousStandbys",

@@ -154,6 +154,13 @@ pub struct FailoverSpec {
     /// standbys that reported their final positions, so that it loses no acknowledged commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synchronous_standbys: Option<u32>,
+    /// How sure an acknowledged commit is to survive a failover: `required` (commits wait for
+    /// `synchronousStandbys` standbys, 1 by default), `preferred` (the same while enough standbys
+    /// stream, asynchronous with a Warning while they do not) or `none` (asynchronous). Default:
+    /// `preferred` with two or more instances, unless `synchronousStandbys` is set (0: `none`, k:
+    /// `required`) or `synchronous_commit` is off or local (`none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_durability: Option<crate::api::synchronous::DataDurability>,
 }
 
 /// Fate of the data volumes and the credentials Secret on deletion.
@@ -182,6 +189,11 @@ pub struct DatabaseServiceStatus {
     /// Failover state: currentPrimary, targetPrimary, timeline, the transition in progress.
     #[serde(flatten)]
     pub failover: crate::api::failover::FailoverStatus,
+    /// The durability in force (spec.failover.dataDurability with its defaults), recorded once
+    /// announced: the agents follow this, so a new default reaches a database only after its
+    /// Event and ledger entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durability: Option<crate::api::synchronous::Durability>,
     /// The instances with their roles and lag (from their agents' reports).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 5))]
@@ -333,9 +345,27 @@ impl DatabaseServiceSpec {
             failover_delay: seconds(spec.delay_seconds, defaults.failover_delay),
             maximum_lag_bytes: spec.maximum_lag_bytes.unwrap_or(defaults.maximum_lag_bytes),
             switchover_timeout: seconds(spec.switchover_timeout_seconds, defaults.switchover_timeout),
-            synchronous_standbys: spec.synchronous_standbys.unwrap_or(defaults.synchronous_standbys),
             ..defaults
         }
+    }
+
+    /// The durability this spec asks for, defaults applied (see
+    /// [`crate::api::synchronous::durability`]).
+    pub fn durability(&self) -> crate::api::synchronous::Durability {
+        let failover = self.failover.as_ref();
+        let synchronous_commit = self.postgresql.as_ref().and_then(|postgresql| {
+            postgresql
+                .parameters
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit"))
+                .map(|(_, value)| value.as_str())
+        });
+        crate::api::synchronous::durability(
+            failover.and_then(|failover| failover.data_durability),
+            failover.and_then(|failover| failover.synchronous_standbys),
+            self.replicas_or_default(),
+            synchronous_commit,
+        )
     }
 
     /// Replicas with the default applied.

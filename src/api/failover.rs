@@ -82,6 +82,12 @@ pub struct InstanceReport {
     /// with `ALTER SYSTEM` (absent until it first did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_settings_reverted: Option<OwnedSettingsReverted>,
+    /// A primary under `preferred` durability: whether it wants its commits to wait for its
+    /// standbys (enough of them stream and none of its commits waited too long). It waits only
+    /// once the operator has recorded this in `status.failover.primaryWaitsForStandbys`, and
+    /// reports false only after it stopped waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for_standbys: Option<bool>,
 }
 
 /// Settings the operator owns that an agent found changed in postgresql.auto.conf (an `ALTER
@@ -181,6 +187,11 @@ pub struct FailoverStatus {
     /// Timeline of the current primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
+    /// `preferred` durability: whether the primary may make commits wait for its standbys (a
+    /// failover must then assume it did). Set true when the primary's agent offers to (it waits
+    /// for this before it does), false once it has stopped; absent before its first offer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_waits_for_standbys: Option<bool>,
 }
 
 /// One instance as shown in the DatabaseService status (from its agent's last report).
@@ -228,8 +239,10 @@ pub struct FailoverSettings {
     pub candidate_timeout: Duration,
     /// A switchover that has not completed in this long is abandoned (or becomes a failover).
     pub switchover_timeout: Duration,
-    /// Standbys that confirm each commit (0: asynchronous). A failover then waits for the final
-    /// positions of a quorum of them ([`crate::api::synchronous::quorum`]) and promotes only the most advanced of those.
+    /// Standbys the primary may have had confirm each commit (0: asynchronous): set by the
+    /// failover pass from the durability in force ([`FailoverStatus::primary_waits_for_standbys`]),
+    /// not from the spec alone. A failover then waits for the final positions of a quorum of them
+    /// ([`crate::api::synchronous::quorum`]) and promotes only the most advanced of those.
     pub synchronous_standbys: u32,
 }
 

@@ -121,6 +121,11 @@ pub fn parameters_file(parameters: &BTreeMap<String, String>) -> String {
     text
 }
 
+/// Whether a boolean setting's `value` is one of PostgreSQL's spellings of off.
+pub fn is_off(value: &str) -> bool {
+    matches!(value.trim().to_ascii_lowercase().as_str(), "off" | "false" | "no" | "0")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,76 @@
 //! (any k of the N and any N - k + 1 of them share one instance). Until then a failover waits:
 //! promoting a standby outside that quorum could lose acknowledged commits.
 //!
-//! With fewer than k standbys connected, commits wait (durability over availability): a database
-//! that asked for synchronous commits never silently acknowledges one that only its primary has.
+//! With fewer than k standbys connected, commits wait in the `required` mode (durability over
+//! availability); in the `preferred` mode (the default with two or more instances) the primary's
+//! agent stops waiting for them, and says so (see [`DataDurability`]).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How sure an acknowledged commit is to survive a failover (`spec.failover.dataDurability`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DataDurability {
+    /// Every acknowledged commit is on `synchronousStandbys` standbys first; with fewer of them
+    /// streaming, commits wait.
+    Required,
+    /// As `required` while enough standbys stream; when they do not, the primary stops waiting
+    /// for them (a Warning event, the condition SynchronousReplication False and a ledger entry
+    /// say so) and waits again once they are back.
+    Preferred,
+    /// Asynchronous replication: a failover may lose the last commits (at most
+    /// `maximumLagBytes` of WAL).
+    None,
+}
+
+impl std::fmt::Display for DataDurability {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            DataDurability::Required => "required",
+            DataDurability::Preferred => "preferred",
+            DataDurability::None => "none",
+        })
+    }
+}
+
+/// The durability a spec asks for, with the defaults applied: the mode and its standby count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Durability {
+    /// required, preferred or none.
+    pub mode: DataDurability,
+    /// Standbys that confirm each commit while the mode is kept (0 with `none`).
+    pub standbys: u32,
+}
+
+impl Durability {
+    /// Asynchronous replication.
+    pub const NONE: Durability = Durability { mode: DataDurability::None, standbys: 0 };
+}
+
+/// The durability of a spec: an explicit `dataDurability` wins (with `synchronousStandbys`, 1 by
+/// default); without one, `synchronousStandbys: 0` means `none` and k > 0 `required` (as before
+/// the mode existed); with neither, two or more instances get `preferred` with 1 standby, unless
+/// `synchronous_commit` is off or local (the user chose asynchronous commits: `none`).
+pub fn durability(
+    mode: Option<DataDurability>,
+    synchronous_standbys: Option<u32>,
+    replicas: i32,
+    synchronous_commit: Option<&str>,
+) -> Durability {
+    let asynchronous_commits = synchronous_commit
+        .is_some_and(|value| crate::api::postgresql::is_off(value) || value.trim().eq_ignore_ascii_case("local"));
+    match (mode, synchronous_standbys) {
+        (Some(DataDurability::None), _) | (None, Some(0)) => Durability::NONE,
+        (Some(mode), standbys) => Durability { mode, standbys: standbys.unwrap_or(1).max(1) },
+        (None, Some(standbys)) => Durability { mode: DataDurability::Required, standbys },
+        (None, None) if replicas >= 2 && !asynchronous_commits => {
+            Durability { mode: DataDurability::Preferred, standbys: 1 }
+        }
+        (None, None) => Durability::NONE,
+    }
+}
 
 /// `synchronous_standby_names` for instance `me` were it the primary: `ANY count ("a","b")` over
 /// every other instance, or `''` (asynchronous) when `count` is 0. Every instance keeps it in its
@@ -27,6 +95,14 @@ pub fn synchronous_standby_names(instances: &[String], count: u32, me: &str) -> 
         return String::new();
     }
     format!("ANY {} ({})", count.min(others.len() as u32), others.join(","))
+}
+
+/// The durability in force: the one the operator recorded in the status once announced, or
+/// before it did, `required` from the spec (a user's explicit choice, carried out at once, as
+/// before the mode existed) and `none` otherwise. Agents and failovers follow this, never the
+/// spec alone, so that a new default reaches a database only after it was announced.
+pub fn in_force(asked: Durability, recorded: Option<Durability>) -> Durability {
+    recorded.or_else(|| (asked.mode == DataDurability::Required).then_some(asked)).unwrap_or(Durability::NONE)
 }
 
 /// How many of `members` synchronous standbys must report final positions before a failover may
@@ -79,5 +155,21 @@ mod tests {
                 assert!(count as usize + quorum(members, count) > members, "{members} {count}");
             }
         }
+    }
+
+    #[test]
+    fn two_instances_default_to_preferred_and_explicit_choices_win() {
+        use DataDurability::{Preferred, Required};
+        let preferred = Durability { mode: Preferred, standbys: 1 };
+        assert_eq!(durability(None, None, 2, None), preferred);
+        assert_eq!(durability(None, None, 3, Some("on")), preferred);
+        assert_eq!(durability(None, None, 1, None), Durability::NONE);
+        assert_eq!(durability(None, None, 2, Some("local")), Durability::NONE);
+        assert_eq!(durability(None, None, 2, Some(" OFF ")), Durability::NONE);
+        assert_eq!(durability(None, Some(0), 3, None), Durability::NONE);
+        assert_eq!(durability(None, Some(2), 3, None), Durability { mode: Required, standbys: 2 });
+        assert_eq!(durability(Some(Required), None, 2, None), Durability { mode: Required, standbys: 1 });
+        assert_eq!(durability(Some(Preferred), Some(2), 3, None), Durability { mode: Preferred, standbys: 2 });
+        assert_eq!(durability(Some(DataDurability::None), Some(2), 3, None), Durability::NONE);
     }
 }

@@ -5,6 +5,7 @@ use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
+use crate::instance::durability::PreferredKeeper;
 use crate::instance::import::ImportKeeper;
 use crate::instance::owned_settings::{self, OwnedSettingsKeeper};
 use crate::instance::postgres::{
@@ -17,7 +18,7 @@ use crate::instance::tls::CertificateWatch;
 use crate::instance::upgrade_keeper::{BeforeStart, UpgradeKeeper};
 use crate::instance::watchdog::{FenceFile, Watchdog};
 use crate::instance::SecretReader;
-use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
+use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, SynchronousStandbys, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
 use std::time::Instant;
@@ -78,8 +79,13 @@ pub struct Agent<C> {
     /// When this primary's server was last fenced (by the agent or its watchdog) for a missed
     /// renew deadline: it stays down for a Lease duration from then (see `held_down_after_fence`).
     fenced_at: Option<Instant>,
-    /// `synchronous_standby_names` the operator last asked for.
-    synchronous_wanted: Option<String>,
+    /// How the operator last asked to keep `synchronous_standby_names`.
+    synchronous_wanted: Option<SynchronousStandbys>,
+    /// `preferred` durability on a primary: whether commits should wait for the standbys.
+    preferred: PreferredKeeper,
+    /// What this primary last decided under `preferred` durability (reported): it waits only
+    /// once the operator recorded true, and reports false only once it stopped waiting.
+    waits_for_standbys: Option<bool>,
     /// The value the running server has (written and reloaded, or read at its start).
     synchronous_applied: Option<String>,
     /// The certificate files the server loaded (reloaded when they change).
@@ -161,6 +167,8 @@ impl<C: ControlPlane> Agent<C> {
             unanswered: None,
             fenced_at: None,
             synchronous_wanted: None,
+            preferred: PreferredKeeper::default(),
+            waits_for_standbys: None,
             synchronous_applied: None,
             certificates: CertificateWatch::default(),
             roles: RolesKeeper::default(),
@@ -272,8 +280,8 @@ impl<C: ControlPlane> Agent<C> {
             self.archiving =
                 sample.archiver.as_ref().map(|archiver| archiving_report(self.archiving.as_ref(), archiver));
         }
-        if let Some(names) = &desired.synchronous_standby_names {
-            self.synchronous_wanted = Some(names.clone());
+        if let Some(synchronous) = &desired.synchronous {
+            self.synchronous_wanted = Some(synchronous.clone());
         }
         if matches!(local, LocalState::Ready(_)) {
             if let Err(error) = self.keep_synchronous_standbys().await {
@@ -442,6 +450,7 @@ impl<C: ControlPlane> Agent<C> {
             import: self.import.status().cloned().filter(|_| role == Role::Primary),
             major_upgrade: self.upgrade.report(),
             owned_settings_reverted: self.owned_settings.reverted().cloned(),
+            waits_for_standbys: self.waits_for_standbys.filter(|_| role == Role::Primary),
         }
     }
 
@@ -880,15 +889,50 @@ impl<C: ControlPlane> Agent<C> {
 
     /// Keeps the running server's `synchronous_standby_names` as wanted. Every instance keeps it
     /// (a standby ignores it), so that a promoted standby enforces it from its first commit.
+    /// Under `preferred` durability a primary decides whether its commits wait (see
+    /// [`crate::instance::durability`]): it stops waiting before it reports so, and waits only
+    /// after the operator recorded its offer.
     async fn keep_synchronous_standbys(&mut self) -> Result<(), AgentError> {
         let Some(wanted) = self.synchronous_wanted.clone() else { return Ok(()) };
-        if self.synchronous_applied.as_ref() == Some(&wanted) {
-            return Ok(());
+        let value = match wanted {
+            SynchronousStandbys::Fixed(names) => {
+                self.waits_for_standbys = None;
+                names
+            }
+            SynchronousStandbys::Preferred { names, members, count, allowed } => {
+                if self.role != Some(Role::Primary) {
+                    self.preferred.reset();
+                    self.waits_for_standbys = None;
+                    if allowed {
+                        names
+                    } else {
+                        String::new()
+                    }
+                } else {
+                    let seen = self.postgres.standbys_seen(&members).await?;
+                    let waits = self.preferred.decide(seen, count, Instant::now());
+                    if waits {
+                        // Offered first; carried out once the operator recorded it.
+                        self.waits_for_standbys = Some(true);
+                    }
+                    if waits && allowed {
+                        names
+                    } else {
+                        String::new()
+                    }
+                }
+            }
+        };
+        if self.synchronous_applied.as_ref() != Some(&value) {
+            standby::set_auto_conf(&self.config, &[("synchronous_standby_names", value.clone())])?;
+            self.postgres.reload().await?;
+            tracing::info!(instance = %self.config.name, synchronous_standby_names = %value, "synchronous standbys set");
+            self.synchronous_applied = Some(value.clone());
         }
-        standby::set_auto_conf(&self.config, &[("synchronous_standby_names", wanted.clone())])?;
-        self.postgres.reload().await?;
-        tracing::info!(instance = %self.config.name, synchronous_standby_names = %wanted, "synchronous standbys set");
-        self.synchronous_applied = Some(wanted);
+        if value.is_empty() && self.waits_for_standbys.is_some() && self.preferred.stopped() {
+            // Reported only now that the server no longer waits.
+            self.waits_for_standbys = Some(false);
+        }
         Ok(())
     }
 
@@ -958,9 +1002,17 @@ impl<C: ControlPlane> Agent<C> {
         self.slots_checked = None;
         // A clone or a rewind copied the source's value, which names this instance.
         self.synchronous_applied = None;
-        if let Some(wanted) = self.synchronous_wanted.clone() {
-            standby::set_auto_conf(&self.config, &[("synchronous_standby_names", wanted.clone())])?;
-            self.synchronous_applied = Some(wanted);
+        self.preferred.reset();
+        let at_start = self.synchronous_wanted.as_ref().map(|wanted| match wanted {
+            SynchronousStandbys::Fixed(names) => names.clone(),
+            // Waits from its first commit if the operator counts on it (a restart of a primary
+            // that waited, or a standby promoted while its primary waited).
+            SynchronousStandbys::Preferred { names, allowed: true, .. } => names.clone(),
+            SynchronousStandbys::Preferred { .. } => String::new(),
+        });
+        if let Some(value) = at_start {
+            standby::set_auto_conf(&self.config, &[("synchronous_standby_names", value.clone())])?;
+            self.synchronous_applied = Some(value);
         }
         self.postgres.start()?;
         self.fenced_at = None;

@@ -13,7 +13,7 @@ use crate::api::database_service::fenced_instances;
 use crate::api::database_service::DatabaseService;
 use crate::api::failover::{FailoverStatus, InstanceReport, TransitionKind, INSTANCE_REPORT_ANNOTATION};
 use crate::api::names::primary_lease_name;
-use crate::instance::{ControlPlane, ControlPlaneError, Desired, ServerConfiguration, Upstream};
+use crate::instance::{ControlPlane, ControlPlaneError, Desired, ServerConfiguration, SynchronousStandbys, Upstream};
 use crate::lease::LeaseRecord;
 use crate::lease::{lease_record, with_record};
 use futures::StreamExt;
@@ -45,7 +45,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         upstream,
         fenced: fenced.iter().any(|name| name == me),
         switchover: status.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover),
-        synchronous_standby_names: None,
+        synchronous: None,
         instances: Vec::new(),
         configuration: None,
         declarations: None,
@@ -60,15 +60,26 @@ pub fn instance_names(database: &DatabaseService) -> Vec<String> {
     (0..database.spec.replicas_or_default()).map(|ordinal| format!("{name}-{ordinal}")).collect()
 }
 
-/// `synchronous_standby_names` for instance `me` of `database` (see
-/// [`crate::api::synchronous::synchronous_standby_names`]): over every instance the spec asks for.
-pub fn synchronous_standby_names_for(database: &DatabaseService, me: &str) -> String {
+/// How instance `me` of `database` keeps `synchronous_standby_names` (see
+/// [`crate::api::synchronous::synchronous_standby_names`]), over every instance the spec asks
+/// for, under the durability in force: the one the operator recorded in the status (announced),
+/// or before it did, `required` from the spec (a user's explicit choice) and none otherwise.
+pub fn synchronous_for(database: &DatabaseService, me: &str) -> SynchronousStandbys {
+    use crate::api::synchronous::DataDurability;
+    let status = database.status.as_ref();
+    let in_force =
+        crate::api::synchronous::in_force(database.spec.durability(), status.and_then(|status| status.durability));
     let instances = instance_names(database);
-    crate::api::synchronous::synchronous_standby_names(
-        &instances,
-        database.spec.failover_settings().synchronous_standbys,
-        me,
-    )
+    let names = crate::api::synchronous::synchronous_standby_names(&instances, in_force.standbys, me);
+    if in_force.mode != DataDurability::Preferred {
+        return SynchronousStandbys::Fixed(names);
+    }
+    SynchronousStandbys::Preferred {
+        names,
+        members: instances.into_iter().filter(|name| name != me).collect(),
+        count: in_force.standbys,
+        allowed: status.and_then(|status| status.failover.primary_waits_for_standbys) == Some(true),
+    }
 }
 
 /// Watches the one DatabaseService `name` (a metadata.name field selector, which RBAC
@@ -193,7 +204,7 @@ impl ControlPlane for KubeControlPlane {
             database.ok_or_else(|| ControlPlaneError(format!("DatabaseService {} not seen yet", self.database)))?;
         let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
         let mut desired = desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port);
-        desired.synchronous_standby_names = Some(synchronous_standby_names_for(&database, &self.pod));
+        desired.synchronous = Some(synchronous_for(&database, &self.pod));
         desired.instances = instance_names(&database);
         desired.configuration = Some(ServerConfiguration {
             parameters: database.spec.parameters(),
@@ -285,7 +296,7 @@ mod tests {
                 upstream: None,
                 fenced: true,
                 switchover: false,
-                synchronous_standby_names: None,
+                synchronous: None,
                 instances: Vec::new(),
                 configuration: None,
                 declarations: None,

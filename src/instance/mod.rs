@@ -13,6 +13,7 @@ pub mod args;
 pub mod configuration;
 pub mod custom_queries;
 pub mod declared;
+pub mod durability;
 pub mod hba;
 pub mod import;
 pub mod import_roles;
@@ -117,6 +118,27 @@ pub struct Upstream {
     pub port: u16,
 }
 
+/// How an instance keeps `synchronous_standby_names` (a standby keeps it too, so that it applies
+/// from its promotion on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SynchronousStandbys {
+    /// Always this value: '' (asynchronous) or `ANY k (...)` (`required` durability).
+    Fixed(String),
+    /// `preferred` durability: `names` while `count` of `members` stream (see
+    /// [`durability::PreferredKeeper`]) and the operator has recorded that the primary waits for
+    /// them (`allowed`); '' otherwise.
+    Preferred {
+        /// `ANY count (members)`.
+        names: String,
+        /// The other instances.
+        members: Vec<String>,
+        /// How many must confirm each commit.
+        count: u32,
+        /// `status.failover.primaryWaitsForStandbys`.
+        allowed: bool,
+    },
+}
+
 /// What the operator wants from this instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
@@ -130,9 +152,9 @@ pub struct Desired {
     /// primary has released the Lease with a position the target has received (never on expiry,
     /// never with a gap), so that it loses no acknowledged commit.
     pub switchover: bool,
-    /// `synchronous_standby_names` this instance applies should it be primary ('' for asynchronous
-    /// replication); None when unknown (the API is unreachable): the current value stays.
-    pub synchronous_standby_names: Option<String>,
+    /// The `synchronous_standby_names` this instance keeps should it be primary; None when
+    /// unknown (the API is unreachable): the current value stays.
+    pub synchronous: Option<SynchronousStandbys>,
     /// Every instance the database should have (empty when unknown): a primary keeps their
     /// replication slots and drops the others.
     pub instances: Vec<String>,

@@ -460,6 +460,21 @@ impl Postgres {
         self.bounded(async |client| client.query_one(query, &[]).await?.try_get(0)).await
     }
 
+    /// What a primary sees of its standbys `members` (see [`crate::instance::durability`]),
+    /// bounded by the health timeout.
+    pub async fn standbys_seen(
+        &mut self,
+        members: &[String],
+    ) -> Result<crate::instance::durability::StandbysSeen, PostgresError> {
+        use crate::instance::durability::{StandbysSeen, STALE_REPLY, STALLED_COMMIT, STANDBYS_SEEN_QUERY};
+        let (stale, stalled) = (STALE_REPLY.as_secs_f64(), STALLED_COMMIT.as_secs_f64());
+        let row = self
+            .bounded(async |client| client.query_one(STANDBYS_SEEN_QUERY, &[&members, &stale, &stalled]).await)
+            .await?;
+        let streaming: i32 = row.try_get(0)?;
+        Ok(StandbysSeen { streaming: u32::try_from(streaming).unwrap_or(0), commit_stalled: row.try_get(1)? })
+    }
+
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;
     /// failures are ignored, the stop that follows matters.
     pub async fn checkpoint(&mut self) {

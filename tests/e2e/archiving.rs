@@ -39,6 +39,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
+        waits_for_standbys: None,
         archiving: Some(archiving),
     }
 }

@@ -9,7 +9,9 @@ use dbservice_operator::api::failover::{
     FailoverSettings, FailoverStatus, InstanceObservation, InstanceReport, PodState, TransitionKind,
 };
 use dbservice_operator::api::synchronous::synchronous_standby_names;
-use dbservice_operator::instance::{Agent, ControlPlane, ControlPlaneError, Desired, InstanceConfig, Upstream};
+use dbservice_operator::instance::{
+    Agent, ControlPlane, ControlPlaneError, Desired, InstanceConfig, SynchronousStandbys, Upstream,
+};
 use dbservice_operator::lease::{LeaseRecord, LeaseTimings};
 use dbservice_operator::operator::database::failover::{decide, Action, Observed};
 use std::collections::{BTreeMap, BTreeSet};
@@ -188,7 +190,7 @@ impl ControlPlane for MemoryControlPlane {
                 .transition
                 .as_ref()
                 .is_some_and(|transition| transition.kind == TransitionKind::Switchover),
-            synchronous_standby_names: Some(synchronous),
+            synchronous: Some(SynchronousStandbys::Fixed(synchronous)),
             instances,
             configuration: world.configuration.clone(),
             declarations: world.declarations.clone(),

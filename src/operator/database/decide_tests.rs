@@ -182,7 +182,12 @@ fn a_new_database_is_provisioned_with_fresh_credentials() {
 
 #[test]
 fn ready_pods_on_the_applied_template_make_the_phase_running() {
-    let database = database(2, Some(DatabaseServiceStatus { observed_generation: Some(1), ..Default::default() }));
+    let preferred =
+        crate::api::synchronous::Durability { mode: crate::api::synchronous::DataDurability::Preferred, standbys: 1 };
+    let database = database(
+        2,
+        Some(DatabaseServiceStatus { observed_generation: Some(1), durability: Some(preferred), ..Default::default() }),
+    );
     let observed =
         steady(&database, vec![pod(0, "postgres:16.4", PodState::Ready), pod(1, "postgres:16.4", PodState::Ready)]);
     let decision = run(&database, &observed);

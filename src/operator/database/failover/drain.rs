@@ -80,6 +80,7 @@ mod tests {
             import: None,
             major_upgrade: None,
             owned_settings_reverted: None,
+            waits_for_standbys: None,
             archiving: None,
         }
     }

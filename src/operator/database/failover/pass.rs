@@ -205,6 +205,8 @@ pub fn decide_failover(
         let reported = instances.iter().any(|instance| instance.report.is_some());
         status.instances = if reported { instance_statuses(database, &instances, lease) } else { Vec::new() };
         status.failover = current.clone();
+        let primary = primary_report(&instances, status.failover.current_primary.as_ref());
+        crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
         return FailoverOutcome {
             primary: current.current_primary,
             clear_switchover_request: false,
@@ -238,7 +240,9 @@ pub fn decide_failover(
         switchover_to,
         held_by_major_upgrade: input.held_by_major_upgrade,
     };
-    let settings = database.spec.failover_settings();
+    let mut settings = database.spec.failover_settings();
+    settings.synchronous_standbys =
+        crate::operator::database::durability::synchronous_standbys_in_force(database, status);
     // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
     let judged_at = match (clock::running_timer(&current), input.timer_seen) {
         (Some(since), Some(seen)) => clock::judged_at(since, seen),
@@ -284,7 +288,14 @@ pub fn decide_failover(
         status.import = Some(import);
     }
     status.failover = next;
+    let primary = primary_report(&instances, status.failover.current_primary.as_ref().filter(|_| settled));
+    crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
     outcome
+}
+
+/// The report of instance `primary`, if it has one.
+fn primary_report<'a>(instances: &'a [InstanceObservation], primary: Option<&String>) -> Option<&'a InstanceReport> {
+    instances.iter().find(|instance| Some(&instance.name) == primary).and_then(|instance| instance.report.as_ref())
 }
 
 /// What [`tell`] reads besides the action.

@@ -32,6 +32,7 @@ fn primary_report() -> InstanceReport {
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
+        waits_for_standbys: None,
     }
 }
 
