@@ -45,7 +45,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
-        waits_for_standbys: None,
+        waits_for: None,
     }
 }
 

@@ -82,12 +82,12 @@ pub struct InstanceReport {
     /// with `ALTER SYSTEM` (absent until it first did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_settings_reverted: Option<OwnedSettingsReverted>,
-    /// A primary under `preferred` durability: whether it wants its commits to wait for its
-    /// standbys (enough of them stream and none of its commits waited too long). It waits only
-    /// once the operator has recorded this in `status.failover.primaryWaitsForStandbys`, and
-    /// reports false only after it stopped waiting.
+    /// A primary under `preferred` durability: the standbys whose confirmations it wants its
+    /// commits to wait for (the ones streaming; empty when too few do or a commit stalled). It
+    /// waits only for those the operator has recorded in `status.failover.primaryWaitsFor`, and
+    /// drops one from here only after it stopped waiting for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waits_for_standbys: Option<bool>,
+    pub waits_for: Option<Vec<String>>,
 }
 
 /// Settings the operator owns that an agent found changed in postgresql.auto.conf (an `ALTER
@@ -187,11 +187,12 @@ pub struct FailoverStatus {
     /// Timeline of the current primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<u32>,
-    /// `preferred` durability: whether the primary may make commits wait for its standbys (a
-    /// failover must then assume it did). Set true when the primary's agent offers to (it waits
-    /// for this before it does), false once it has stopped; absent before its first offer.
+    /// `preferred` durability: the standbys the primary may make its commits wait for (a
+    /// failover counts its quorum over them), as its agent last reported them; it waits only for
+    /// recorded ones. Empty: it acknowledges commits alone. Absent before its first report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub primary_waits_for_standbys: Option<bool>,
+    #[schemars(length(max = 64))]
+    pub primary_waits_for: Option<Vec<String>>,
 }
 
 /// One instance as shown in the DatabaseService status (from its agent's last report).
@@ -240,10 +241,13 @@ pub struct FailoverSettings {
     /// A switchover that has not completed in this long is abandoned (or becomes a failover).
     pub switchover_timeout: Duration,
     /// Standbys the primary may have had confirm each commit (0: asynchronous): set by the
-    /// failover pass from the durability in force ([`FailoverStatus::primary_waits_for_standbys`]),
-    /// not from the spec alone. A failover then waits for the final positions of a quorum of them
-    /// ([`crate::api::synchronous::quorum`]) and promotes only the most advanced of those.
+    /// failover pass from the durability in force ([`FailoverStatus::primary_waits_for`]), not
+    /// from the spec alone. A failover then waits for the final positions of a quorum of
+    /// [`FailoverSettings::synchronous_members`] ([`crate::api::synchronous::quorum`]) and
+    /// promotes only the most advanced of those.
     pub synchronous_standbys: u32,
+    /// The standbys the primary may have waited for; None: every instance but the primary.
+    pub synchronous_members: Option<Vec<String>>,
 }
 
 impl Default for FailoverSettings {
@@ -255,6 +259,7 @@ impl Default for FailoverSettings {
             candidate_timeout: Duration::from_secs(60),
             switchover_timeout: Duration::from_secs(30),
             synchronous_standbys: 0,
+            synchronous_members: None,
         }
     }
 }

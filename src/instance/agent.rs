@@ -5,7 +5,7 @@ use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
-use crate::instance::durability::PreferredKeeper;
+use crate::instance::durability::{self, PreferredKeeper};
 use crate::instance::import::ImportKeeper;
 use crate::instance::owned_settings::{self, OwnedSettingsKeeper};
 use crate::instance::postgres::{
@@ -21,6 +21,7 @@ use crate::instance::SecretReader;
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, SynchronousStandbys, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
+use std::collections::BTreeSet;
 use std::time::Instant;
 use tokio::sync::watch;
 
@@ -83,9 +84,9 @@ pub struct Agent<C> {
     synchronous_wanted: Option<SynchronousStandbys>,
     /// `preferred` durability on a primary: whether commits should wait for the standbys.
     preferred: PreferredKeeper,
-    /// What this primary last decided under `preferred` durability (reported): it waits only
-    /// once the operator recorded true, and reports false only once it stopped waiting.
-    waits_for_standbys: Option<bool>,
+    /// The standbys this primary last wanted to wait for under `preferred` durability (reported;
+    /// always containing the ones it waits for).
+    waits_for: Option<Vec<String>>,
     /// The value the running server has (written and reloaded, or read at its start).
     synchronous_applied: Option<String>,
     /// The certificate files the server loaded (reloaded when they change).
@@ -168,7 +169,7 @@ impl<C: ControlPlane> Agent<C> {
             fenced_at: None,
             synchronous_wanted: None,
             preferred: PreferredKeeper::default(),
-            waits_for_standbys: None,
+            waits_for: None,
             synchronous_applied: None,
             certificates: CertificateWatch::default(),
             roles: RolesKeeper::default(),
@@ -450,7 +451,7 @@ impl<C: ControlPlane> Agent<C> {
             import: self.import.status().cloned().filter(|_| role == Role::Primary),
             major_upgrade: self.upgrade.report(),
             owned_settings_reverted: self.owned_settings.reverted().cloned(),
-            waits_for_standbys: self.waits_for_standbys.filter(|_| role == Role::Primary),
+            waits_for: self.waits_for.clone().filter(|_| role == Role::Primary),
         }
     }
 
@@ -894,32 +895,18 @@ impl<C: ControlPlane> Agent<C> {
     /// after the operator recorded its offer.
     async fn keep_synchronous_standbys(&mut self) -> Result<(), AgentError> {
         let Some(wanted) = self.synchronous_wanted.clone() else { return Ok(()) };
-        let value = match wanted {
-            SynchronousStandbys::Fixed(names) => {
-                self.waits_for_standbys = None;
-                names
-            }
-            SynchronousStandbys::Preferred { names, members, count, allowed } => {
-                if self.role != Some(Role::Primary) {
-                    self.preferred.reset();
-                    self.waits_for_standbys = None;
-                    if allowed {
-                        names
-                    } else {
-                        String::new()
-                    }
-                } else {
+        let (value, wants) = match wanted {
+            SynchronousStandbys::Fixed(names) => (names, None),
+            SynchronousStandbys::Preferred { members, count, recorded } => {
+                let recorded: BTreeSet<String> = recorded.into_iter().filter(|name| members.contains(name)).collect();
+                if self.role == Some(Role::Primary) {
                     let seen = self.postgres.standbys_seen(&members).await?;
-                    let waits = self.preferred.decide(seen, count, Instant::now());
-                    if waits {
-                        // Offered first; carried out once the operator recorded it.
-                        self.waits_for_standbys = Some(true);
-                    }
-                    if waits && allowed {
-                        names
-                    } else {
-                        String::new()
-                    }
+                    let wanted = self.preferred.decide(&seen, count, Instant::now());
+                    let applied = durability::applicable(&wanted, &recorded, count);
+                    (preferred_names(&applied, count), Some(wanted))
+                } else {
+                    self.preferred.reset();
+                    (preferred_names(&durability::applicable(&recorded, &recorded, count), count), None)
                 }
             }
         };
@@ -927,12 +914,10 @@ impl<C: ControlPlane> Agent<C> {
             standby::set_auto_conf(&self.config, &[("synchronous_standby_names", value.clone())])?;
             self.postgres.reload().await?;
             tracing::info!(instance = %self.config.name, synchronous_standby_names = %value, "synchronous standbys set");
-            self.synchronous_applied = Some(value.clone());
+            self.synchronous_applied = Some(value);
         }
-        if value.is_empty() && self.waits_for_standbys.is_some() && self.preferred.stopped() {
-            // Reported only now that the server no longer waits.
-            self.waits_for_standbys = Some(false);
-        }
+        // Only now that the server waits for no one outside it (the applied ones are among them).
+        self.waits_for = wants.map(|wanted| wanted.into_iter().collect());
         Ok(())
     }
 
@@ -1005,10 +990,13 @@ impl<C: ControlPlane> Agent<C> {
         self.preferred.reset();
         let at_start = self.synchronous_wanted.as_ref().map(|wanted| match wanted {
             SynchronousStandbys::Fixed(names) => names.clone(),
-            // Waits from its first commit if the operator counts on it (a restart of a primary
-            // that waited, or a standby promoted while its primary waited).
-            SynchronousStandbys::Preferred { names, allowed: true, .. } => names.clone(),
-            SynchronousStandbys::Preferred { .. } => String::new(),
+            // Waits from its first commit for the standbys the operator counts on (a restart of a
+            // primary that waited, or a standby promoted while its primary waited).
+            SynchronousStandbys::Preferred { members, count, recorded } => {
+                let recorded: BTreeSet<String> =
+                    recorded.iter().filter(|name| members.contains(name)).cloned().collect();
+                preferred_names(&durability::applicable(&recorded, &recorded, *count), *count)
+            }
         });
         if let Some(value) = at_start {
             standby::set_auto_conf(&self.config, &[("synchronous_standby_names", value.clone())])?;
@@ -1025,4 +1013,10 @@ impl<C: ControlPlane> Agent<C> {
         };
         Ok(())
     }
+}
+
+/// `ANY count (<standbys>)`, or '' for none.
+fn preferred_names(standbys: &BTreeSet<String>, count: u32) -> String {
+    let standbys: Vec<String> = standbys.iter().cloned().collect();
+    crate::api::synchronous::synchronous_standby_names(&standbys, count, "")
 }

@@ -75,10 +75,9 @@ pub fn synchronous_for(database: &DatabaseService, me: &str) -> SynchronousStand
         return SynchronousStandbys::Fixed(names);
     }
     SynchronousStandbys::Preferred {
-        names,
         members: instances.into_iter().filter(|name| name != me).collect(),
         count: in_force.standbys,
-        allowed: status.and_then(|status| status.failover.primary_waits_for_standbys) == Some(true),
+        recorded: status.and_then(|status| status.failover.primary_waits_for.clone()).unwrap_or_default(),
     }
 }
 

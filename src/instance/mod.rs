@@ -124,18 +124,16 @@ pub struct Upstream {
 pub enum SynchronousStandbys {
     /// Always this value: '' (asynchronous) or `ANY k (...)` (`required` durability).
     Fixed(String),
-    /// `preferred` durability: `names` while `count` of `members` stream (see
-    /// [`durability::PreferredKeeper`]) and the operator has recorded that the primary waits for
-    /// them (`allowed`); '' otherwise.
+    /// `preferred` durability: `ANY count (<streaming standbys>)` on a primary (see
+    /// [`durability::PreferredKeeper`]), of those the operator has recorded only; a standby keeps
+    /// the recorded ones.
     Preferred {
-        /// `ANY count (members)`.
-        names: String,
         /// The other instances.
         members: Vec<String>,
         /// How many must confirm each commit.
         count: u32,
-        /// `status.failover.primaryWaitsForStandbys`.
-        allowed: bool,
+        /// `status.failover.primaryWaitsFor`.
+        recorded: Vec<String>,
     },
 }
 

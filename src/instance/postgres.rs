@@ -471,8 +471,8 @@ impl Postgres {
         let row = self
             .bounded(async |client| client.query_one(STANDBYS_SEEN_QUERY, &[&members, &stale, &stalled]).await)
             .await?;
-        let streaming: i32 = row.try_get(0)?;
-        Ok(StandbysSeen { streaming: u32::try_from(streaming).unwrap_or(0), commit_stalled: row.try_get(1)? })
+        let streaming: Vec<String> = row.try_get(0)?;
+        Ok(StandbysSeen { streaming: streaming.into_iter().collect(), commit_stalled: row.try_get(1)? })
     }
 
     /// CHECKPOINT (so that the shutdown checkpoint is short), bounded by the health timeout;

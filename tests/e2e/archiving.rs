@@ -39,7 +39,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
-        waits_for_standbys: None,
+        waits_for: None,
         archiving: Some(archiving),
     }
 }

@@ -188,7 +188,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
-        waits_for_standbys: None,
+        waits_for: None,
         archiving: None,
     }
 }

@@ -128,7 +128,7 @@ fn event_notes(namespace: &str, reason: &str) -> Vec<String> {
 async fn durability_state(databases: &Api<DatabaseService>) -> Option<(String, Option<bool>)> {
     let status = databases.get(DATABASE).await.ok()?.status?;
     let condition = status.conditions.iter().find(|condition| condition.type_ == "SynchronousReplication")?;
-    Some((condition.status.clone(), status.failover.primary_waits_for_standbys))
+    Some((condition.status.clone(), status.failover.primary_waits_for.map(|members| !members.is_empty())))
 }
 
 /// Issue 38: two instances with no durability in the spec get `preferred`; the primary's commits

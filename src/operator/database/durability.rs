@@ -19,15 +19,21 @@ pub const DEGRADED: &str = "SynchronousReplicationDegraded";
 /// Event and ledger action: a `preferred` primary makes its commits wait for its standbys again.
 pub const RESTORED: &str = "SynchronousReplicationRestored";
 
-/// Standbys a failover must assume confirmed the primary's commits: `required` always, and
-/// `preferred` unless its primary has reported that it stopped waiting for them.
-pub fn synchronous_standbys_in_force(database: &DatabaseService, status: &DatabaseServiceStatus) -> u32 {
+/// How many standbys a failover must assume confirmed the primary's commits, and among which
+/// (None: every other instance): `required` always, `preferred` while the primary may wait for
+/// the recorded ones.
+pub fn synchronous_in_force(database: &DatabaseService, status: &DatabaseServiceStatus) -> (u32, Option<Vec<String>>) {
     let durability = in_force(database.spec.durability(), status.durability);
-    match durability.mode {
-        DataDurability::Required => durability.standbys,
-        DataDurability::Preferred if status.failover.primary_waits_for_standbys == Some(true) => durability.standbys,
-        DataDurability::Preferred | DataDurability::None => 0,
+    match (durability.mode, waited_for(status)) {
+        (DataDurability::Required, _) => (durability.standbys, None),
+        (DataDurability::Preferred, Some(members)) => (durability.standbys, Some(members.to_vec())),
+        (DataDurability::Preferred, None) | (DataDurability::None, _) => (0, None),
     }
+}
+
+/// The standbys the primary may wait for, when there are any.
+fn waited_for(status: &DatabaseServiceStatus) -> Option<&[String]> {
+    status.failover.primary_waits_for.as_deref().filter(|members| !members.is_empty())
 }
 
 /// One pass: the durability asked for becomes the one in force (told first), the primary's
@@ -54,32 +60,36 @@ pub fn keep_durability(
         }
         status.durability = Some(asked);
         if asked.mode != DataDurability::Preferred {
-            status.failover.primary_waits_for_standbys = None;
+            status.failover.primary_waits_for = None;
         }
     }
     if asked.mode == DataDurability::Preferred {
-        follow_primary(primary.and_then(|report| report.waits_for_standbys), status, journal, generation, now);
+        follow_primary(primary.and_then(|report| report.waits_for.clone()), status, journal, generation, now);
     }
     set_condition(asked, status, generation, now);
 }
 
-/// The primary's word on whether its commits wait for the standbys (None: no word, the status
-/// keeps the last one).
+/// The primary's word on the standbys its commits may wait for (None: no word, the status keeps
+/// the last one).
 fn follow_primary(
-    waits: Option<bool>,
+    waits_for: Option<Vec<String>>,
     status: &mut DatabaseServiceStatus,
     journal: &mut Journal,
     generation: i64,
     now: DateTime<Utc>,
 ) {
-    let Some(waits) = waits else { return };
-    let before = status.failover.primary_waits_for_standbys;
-    if before == Some(waits) {
+    let Some(mut waits_for) = waits_for else { return };
+    waits_for.sort();
+    waits_for.dedup();
+    if status.failover.primary_waits_for.as_ref() == Some(&waits_for) {
         return;
     }
-    status.failover.primary_waits_for_standbys = Some(waits);
-    // The first word of a new database is no news: the condition shows it.
-    if before.is_none() {
+    let before = status.failover.primary_waits_for.as_ref().map(|members| !members.is_empty());
+    let waits = !waits_for.is_empty();
+    status.failover.primary_waits_for = Some(waits_for);
+    // The first word of a new database is no news (the condition shows it), nor a standby more
+    // or less among several.
+    if before.is_none() || before == Some(waits) {
         return;
     }
     let (action, from, to, note) = if waits {
@@ -101,13 +111,14 @@ fn follow_primary(
 }
 
 fn set_condition(asked: Durability, status: &mut DatabaseServiceStatus, generation: i64, now: DateTime<Utc>) {
+    let waits = waited_for(status).is_some();
     let conditions = &mut status.conditions;
     let (holds, reason, message) = match asked.mode {
         DataDurability::None => return crate::operator::conditions::remove(conditions, CONDITION),
         DataDurability::Required => {
             (true, "Required", format!("every commit waits for {} standby(s) (required durability)", asked.standbys))
         }
-        DataDurability::Preferred if status.failover.primary_waits_for_standbys == Some(true) => (
+        DataDurability::Preferred if waits => (
             true,
             "StandbysConfirm",
             format!("every commit waits for {} standby(s) (preferred durability)", asked.standbys),
@@ -163,10 +174,10 @@ mod tests {
         status
     }
 
-    fn report(waits: Option<bool>) -> InstanceReport {
+    fn report(waits: Option<&[&str]>) -> InstanceReport {
         serde_json::from_value(serde_json::json!({
             "role": "primary", "timeline": 1, "walReceiver": false, "postgresReady": true, "fenced": false,
-            "diskFull": false, "waitsForStandbys": waits,
+            "diskFull": false, "waitsFor": waits,
         }))
         .unwrap()
     }
@@ -189,7 +200,7 @@ mod tests {
     fn a_running_database_is_told_of_the_new_default_before_it_takes_effect() {
         let database = database(serde_json::json!({}), running());
         // Before the pass, nothing waits: the agents follow the recorded durability.
-        assert_eq!(synchronous_standbys_in_force(&database, database.status.as_ref().unwrap()), 0);
+        assert_eq!(synchronous_in_force(&database, database.status.as_ref().unwrap()), (0, None));
         let (status, journal) = pass(&database, None);
         assert_eq!(journal.reasons(), [CHANGED]);
         assert!(journal.events[0].note.contains("set spec.failover.dataDurability: none"), "{:?}", journal.events);
@@ -220,45 +231,51 @@ mod tests {
     fn the_primarys_fallback_and_return_are_told_and_counted_by_the_failover() {
         let mut status = running();
         status.durability = Some(PREFERRED);
-        let (status, journal) = pass(&database_with(status), Some(&report(Some(true))));
+        let (status, journal) = pass(&database_with(status), Some(&report(Some(&["db-2", "db-1"]))));
         assert!(journal.is_empty(), "the first word is no news");
-        assert_eq!(status.failover.primary_waits_for_standbys, Some(true));
+        let both = vec!["db-1".to_string(), "db-2".to_string()];
+        assert_eq!(status.failover.primary_waits_for, Some(both.clone()));
         assert_eq!(condition(&status), Some(("True".into(), "StandbysConfirm".into())));
-        assert_eq!(synchronous_standbys_in_force(&database_with(status.clone()), &status), 1);
+        assert_eq!(synchronous_in_force(&database_with(status.clone()), &status), (1, Some(both)));
 
-        let (status, journal) = pass(&database_with(status), Some(&report(Some(false))));
+        let (status, journal) = pass(&database_with(status), Some(&report(Some(&["db-2"]))));
+        assert!(journal.is_empty(), "one standby fewer among several is no fallback");
+        assert_eq!(synchronous_in_force(&database_with(status.clone()), &status), (1, Some(vec!["db-2".into()])));
+
+        let (status, journal) = pass(&database_with(status), Some(&report(Some(&[]))));
         assert_eq!(journal.reasons(), [DEGRADED]);
         assert!(journal.events[0].warning);
         assert_eq!(journal.entries[0].action, DEGRADED);
         assert_eq!(condition(&status), Some(("False".into(), "PrimaryAlone".into())));
-        assert_eq!(synchronous_standbys_in_force(&database_with(status.clone()), &status), 0);
+        assert_eq!(synchronous_in_force(&database_with(status.clone()), &status), (0, None));
 
         // No word (the primary's pod is gone): the last one stands.
         let (status, journal) = pass(&database_with(status), None);
         assert!(journal.is_empty());
-        let (status, journal) = pass(&database_with(status), Some(&report(Some(true))));
+        let (status, journal) = pass(&database_with(status), Some(&report(Some(&["db-1"]))));
         assert_eq!(journal.reasons(), [RESTORED]);
         assert!(!journal.events[0].warning);
-        assert_eq!(status.failover.primary_waits_for_standbys, Some(true));
+        assert_eq!(status.failover.primary_waits_for, Some(vec!["db-1".to_string()]));
     }
 
     #[test]
     fn required_counts_at_once_and_none_never() {
         let required = database(serde_json::json!({"synchronousStandbys": 1}), running());
-        assert_eq!(synchronous_standbys_in_force(&required, required.status.as_ref().unwrap()), 1);
+        assert_eq!(synchronous_in_force(&required, required.status.as_ref().unwrap()), (1, None));
         let (status, journal) = pass(&required, None);
         assert!(journal.is_empty(), "required was in force before the mode existed");
         assert_eq!(condition(&status), Some(("True".into(), "Required".into())));
 
         let mut status = running();
         status.durability = Some(PREFERRED);
-        status.failover.primary_waits_for_standbys = Some(true);
+        status.failover.primary_waits_for = Some(vec!["db-1".into()]);
         let none = database(serde_json::json!({"dataDurability": "none"}), status);
-        assert_eq!(synchronous_standbys_in_force(&none, none.status.as_ref().unwrap()), 1, "until recorded");
+        let until_recorded = synchronous_in_force(&none, none.status.as_ref().unwrap());
+        assert_eq!(until_recorded, (1, Some(vec!["db-1".into()])));
         let (status, journal) = pass(&none, None);
         assert_eq!(journal.reasons(), [CHANGED]);
         assert!(journal.events[0].warning);
-        assert_eq!((status.durability, status.failover.primary_waits_for_standbys), (Some(Durability::NONE), None));
+        assert_eq!((status.durability, status.failover.primary_waits_for.clone()), (Some(Durability::NONE), None));
         assert_eq!(condition(&status), None);
     }
 }

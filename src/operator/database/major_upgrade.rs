@@ -476,7 +476,7 @@ mod tests {
             import: None,
             major_upgrade: upgrade,
             owned_settings_reverted: None,
-            waits_for_standbys: None,
+            waits_for: None,
         }
     }
 

@@ -407,10 +407,16 @@ fn choose_candidate(
     if settings.synchronous_standbys > 0 {
         // Only final positions count: a streaming standby's report is from when it started.
         eligible.retain(|instance| !report(instance).wal_receiver);
-        let members = observed.instances.iter().filter(|instance| instance.name != transition.from).count();
+        // The standbys the primary may have waited for: a quorum of them holds every commit.
+        let member = |name: &String| {
+            name != &transition.from
+                && settings.synchronous_members.as_ref().is_none_or(|members| members.contains(name))
+        };
+        let members = observed.instances.iter().filter(|instance| member(&instance.name)).count();
         let needed = crate::api::synchronous::quorum(members, settings.synchronous_standbys);
-        if eligible.len() < needed {
-            let reported: Vec<String> = eligible.iter().map(|instance| instance.name.clone()).collect();
+        let reported: Vec<String> =
+            eligible.iter().map(|instance| instance.name.clone()).filter(|name| member(name)).collect();
+        if reported.len() < needed {
             if waited < settings.candidate_timeout {
                 return Decision { status: next, action: Action::WaitingForSynchronousQuorum { reported, needed } };
             }

@@ -80,7 +80,7 @@ mod tests {
             import: None,
             major_upgrade: None,
             owned_settings_reverted: None,
-            waits_for_standbys: None,
+            waits_for: None,
             archiving: None,
         }
     }

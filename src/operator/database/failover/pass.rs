@@ -241,8 +241,8 @@ pub fn decide_failover(
         held_by_major_upgrade: input.held_by_major_upgrade,
     };
     let mut settings = database.spec.failover_settings();
-    settings.synchronous_standbys =
-        crate::operator::database::durability::synchronous_standbys_in_force(database, status);
+    (settings.synchronous_standbys, settings.synchronous_members) =
+        crate::operator::database::durability::synchronous_in_force(database, status);
     // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
     let judged_at = match (clock::running_timer(&current), input.timer_seen) {
         (Some(since), Some(seen)) => clock::judged_at(since, seen),

@@ -32,7 +32,7 @@ fn primary_report() -> InstanceReport {
         import: None,
         major_upgrade: None,
         owned_settings_reverted: None,
-        waits_for_standbys: None,
+        waits_for: None,
     }
 }
 
@@ -600,6 +600,22 @@ fn synchronous_failover_waits_for_a_quorum_of_final_positions() {
             synchronous(1),
             1,
             waiting(&["db-1"], 2),
+        ),
+        (
+            "preferred, ANY 1 of the one streaming standby: its report is the quorum, the gone one never waited for",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB, false), instance("db-2", PodState::Gone, None)]),
+            FailoverSettings { synchronous_members: Some(vec!["db-1".into()]), ..synchronous(1) },
+            1,
+            requested("db-1"),
+        ),
+        (
+            "preferred, ANY 1 of the one streaming standby: another standby's report is no quorum",
+            pending_status(0),
+            observed(vec![old(), instance("db-1", PodState::Gone, None), standby("db-2", 100 * MIB, false)]),
+            FailoverSettings { synchronous_members: Some(vec!["db-1".into()]), ..synchronous(1) },
+            1,
+            waiting(&[], 1),
         ),
         (
             "asynchronous: the same standby is promoted at once",
