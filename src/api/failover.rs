@@ -84,7 +84,7 @@ pub struct InstanceReport {
     pub owned_settings_reverted: Option<OwnedSettingsReverted>,
     /// A primary under `preferred` durability: the standbys whose confirmations it wants its
     /// commits to wait for (the ones streaming; empty when too few do or a commit stalled). It
-    /// waits only for those the operator has recorded in `status.failover.primaryWaitsFor`, and
+    /// waits only for those the operator has recorded in `status.primaryWaitsFor`, and
     /// drops one from here only after it stopped waiting for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits_for: Option<Vec<String>>,

@@ -5,7 +5,7 @@
 //! The primary sets `synchronous_standby_names = 'ANY k (<the standbys that stream>)'`. A failover
 //! promotes safely by a quorum over that set, or over any larger one (any |S'| - k + 1 of a
 //! superset S' hold |S| - k + 1 of S), never a smaller one. So the operator's record of the set
-//! (`status.failover.primaryWaitsFor`) must always contain the applied one: the agent offers a
+//! (`status.primaryWaitsFor`) must always contain the applied one: the agent offers a
 //! set (its report) and applies only what the operator has recorded; it drops members first and
 //! reports it after.
 

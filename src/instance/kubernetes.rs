@@ -267,6 +267,36 @@ impl ControlPlane for KubeControlPlane {
 mod tests {
     use super::*;
 
+    fn three_instances(failover: serde_json::Value, status: serde_json::Value) -> DatabaseService {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+            "metadata": {"name": "db", "namespace": "shop"},
+            "spec": {"version": "16", "storageSize": "1Gi", "databaseName": "app", "username": "app_user",
+                     "replicas": 3, "failover": failover},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn agents_follow_the_recorded_durability_and_the_spec_only_for_required() {
+        let members = vec!["db-1".to_string(), "db-2".to_string()];
+        // The new default is not carried out before the operator recorded (announced) it.
+        let unannounced = three_instances(serde_json::json!({}), serde_json::json!({}));
+        assert_eq!(synchronous_for(&unannounced, "db-0"), SynchronousStandbys::Fixed(String::new()));
+        let required = three_instances(serde_json::json!({"synchronousStandbys": 1}), serde_json::json!({}));
+        assert_eq!(synchronous_for(&required, "db-0"), SynchronousStandbys::Fixed(r#"ANY 1 ("db-1","db-2")"#.into()));
+        let recorded = serde_json::json!({
+            "durability": {"mode": "preferred", "standbys": 1},
+            "primaryWaitsFor": ["db-2"],
+        });
+        let preferred = three_instances(serde_json::json!({}), recorded);
+        assert_eq!(
+            synchronous_for(&preferred, "db-0"),
+            SynchronousStandbys::Preferred { members, count: 1, recorded: vec!["db-2".into()] }
+        );
+    }
+
     fn status(current: Option<&str>, target: Option<&str>) -> FailoverStatus {
         FailoverStatus {
             current_primary: current.map(String::from),

@@ -132,7 +132,7 @@ pub enum SynchronousStandbys {
         members: Vec<String>,
         /// How many must confirm each commit.
         count: u32,
-        /// `status.failover.primaryWaitsFor`.
+        /// `status.primaryWaitsFor`.
         recorded: Vec<String>,
     },
 }
