@@ -59,6 +59,7 @@ async fn a_primary_cut_off_from_the_api_server_fences_itself_before_a_standby_is
     assert!(fenced <= Duration::from_secs(12), "fenced only after {fenced:?}");
     assert!(promoted > fenced, "promoted at {promoted:?}, before the fence at {fenced:?}");
     assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+    assert_eq!(outcome.lost, 0, "preferred durability lost acknowledged commits: {outcome:?}");
 }
 
 fn throttle_server(pid: u32, action: &str) {

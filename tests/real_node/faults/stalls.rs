@@ -58,6 +58,8 @@ async fn a_primary_stalled_until_fenced_then_continued_never_commits_beside_the_
     let outcome = bed.conclude(fault, failed_at, since).await;
     assert_ne!(replaced, primary);
     assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+    // Issue 38: the default durability (preferred) had the standby confirm every commit.
+    assert_eq!(outcome.lost, 0, "preferred durability lost acknowledged commits: {outcome:?}");
     // The README's target is 30 s; under the whole suite on two cores it measured 25-38 s.
     assert!(outcome.rto <= 60.0, "a hung primary is replaced within 60 s, took {:.1} s", outcome.rto);
 }
@@ -89,4 +91,5 @@ async fn the_primary_agent_stopped_for_a_minute_is_fenced_by_its_watchdog() {
     assert!(fenced <= RENEW_DEADLINE + Duration::from_secs(2), "fenced only after {fenced:?}");
     assert!(promoted > fenced, "promoted at {promoted:?}, before the fence at {fenced:?}");
     assert!(outcome.overlaps.is_empty(), "two writable primaries: {:?}", outcome.overlaps);
+    assert_eq!(outcome.lost, 0, "preferred durability lost acknowledged commits: {outcome:?}");
 }
