@@ -27,7 +27,7 @@ sql() { "${as_pg[@]}" "$pg_bin/psql" -h "$work" -p "$port" -U postgres -AtXq -c 
 printf 'host replication postgres 127.0.0.1/32 trust\n' >>"$work/primary/pg_hba.conf"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/primary" -l "$work/primary.log" -w -o "-p $port \
   -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c max_connections=50" start >/dev/null
-"${as_pg[@]}" "$pg_bin/pg_basebackup" -h 127.0.0.1 -p "$port" -U postgres -D "$work/standby" -X stream -R -q
+"${as_pg[@]}" "$pg_bin/pg_basebackup" -h 127.0.0.1 -p "$port" -U postgres -D "$work/standby" -X stream -R
 echo "primary_conninfo = 'host=127.0.0.1 port=$port user=postgres application_name=standby'" \
   >>"$work/standby/postgresql.auto.conf"
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/standby" -l "$work/standby.log" -w -o "-p $standby_port \
