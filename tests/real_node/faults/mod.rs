@@ -22,6 +22,7 @@ use crate::failover::{figures, start_writer, wait_settled_instances, writer_log,
 use crate::support::TestNamespace;
 use checkers::{overlaps, pinned_log, start_pinned_writer, terms, Term};
 use dbservice_operator::api::database_service::DatabaseService;
+use dbservice_operator::api::synchronous::DataDurability;
 use kube::api::PostParams;
 use kube::Api;
 use std::time::Duration;
@@ -70,6 +71,8 @@ struct BedOptions<'a> {
     across_nodes: bool,
     /// Volumes of exactly the claimed size.
     sized_volumes: bool,
+    /// `spec.failover.dataDurability` (default: the operator's).
+    durability: Option<DataDurability>,
 }
 
 impl Bed {
@@ -95,6 +98,11 @@ impl Bed {
         Bed::start_in(fault, instances, BedOptions { sized_volumes: true, ..BedOptions::default() }).await
     }
 
+    /// Like [`Bed::start`], with `spec.failover.dataDurability: durability`.
+    pub async fn start_durable(fault: &str, instances: usize, durability: DataDurability) -> Option<Bed> {
+        Bed::start_in(fault, instances, BedOptions { durability: Some(durability), ..BedOptions::default() }).await
+    }
+
     /// Like [`Bed::start`], with the instances on both real nodes (one per node: a required
     /// anti-affinity) and the writers on the first one (`tests/cluster/second-node.sh`).
     pub async fn start_across_nodes(fault: &str, instances: usize) -> Option<Bed> {
@@ -102,7 +110,7 @@ impl Bed {
     }
 
     async fn start_in(fault: &str, instances: usize, options: BedOptions<'_>) -> Option<Bed> {
-        let BedOptions { store, version, across_nodes, sized_volumes } = options;
+        let BedOptions { store, version, across_nodes, sized_volumes, durability } = options;
         let node = real_node_or_skip(fault)?;
         let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
         install_chart(node);
@@ -117,6 +125,10 @@ impl Bed {
         let mut database = real_database(node, DATABASE, replicas, "Delete");
         if let Some(version) = version {
             database.spec.version = version.to_string();
+        }
+        if let Some(durability) = durability {
+            let failover = database.spec.failover.get_or_insert_with(Default::default);
+            failover.data_durability = Some(durability);
         }
         if sized_volumes {
             database.spec.storage_class_name = Some(node.sized_storage_class.clone());
