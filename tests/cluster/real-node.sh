@@ -402,6 +402,10 @@ up() {
   local started=$SECONDS
   mkdir -p "$RN" "$LOGS" "$PIDS"
   install_packages
+  # Again: the image names carry the versions of packages just installed (found by a fresh machine:
+  # PgBouncer installed here was named localhost/pgbouncer:unknown in real-node.env).
+  # shellcheck source=images.sh
+  IMAGES_ONLY_VARIABLES=1 . "$here/images.sh"
   require
   claim_machine
   record_stuck_namespaces
