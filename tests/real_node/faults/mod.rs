@@ -148,9 +148,27 @@ impl Bed {
         wait_running(&client, &namespace.name, DATABASE, replicas, Duration::from_secs(300)).await;
         let bed = Bed { client, node, namespace, instances, _slot: slot };
         bed.primary().await;
+        bed.synchronous_when_asked().await;
         start_writer(&bed.client, node, bed.ns()).await;
         start_pinned_writer(&bed.client, node, bed.ns(), instances).await;
         Some(bed)
+    }
+
+    /// Waits until the durability asked for is in force: with `required` or `preferred` the
+    /// condition SynchronousReplication is True (a new database starts with its primary alone
+    /// until its standbys stream), so that a fault hits a database that is not degraded.
+    async fn synchronous_when_asked(&self) {
+        let databases = self.databases();
+        crate::support::eventually("the durability asked for in force", Duration::from_secs(120), || async {
+            let status = databases.get(DATABASE).await.ok()?.status?;
+            let mode = status.durability?.mode;
+            let synchronous = status
+                .conditions
+                .iter()
+                .any(|condition| condition.type_ == "SynchronousReplication" && condition.status == "True");
+            (mode == DataDurability::None || synchronous).then_some(())
+        })
+        .await;
     }
 
     /// Its namespace.
