@@ -25,7 +25,8 @@ pub fn repository() -> PathBuf {
 pub fn admin_kubeconfig() -> Option<PathBuf> {
     let path =
         std::env::var_os("KUBECONFIG").map(PathBuf::from).unwrap_or_else(|| repository().join(".cluster/kubeconfig"));
-    path.exists().then_some(path)
+    // Absolute: tools started in another directory (Prometheus in its work directory) read it too.
+    std::fs::canonicalize(path).ok()
 }
 
 /// Whether end-to-end tests must run. Under CI=true a missing cluster fails the test loudly;
