@@ -138,6 +138,33 @@ pub(crate) async fn wait_settled_instances(client: &kube::Client, namespace: &st
     .await
 }
 
+/// The other instance of a two-instance database.
+pub(crate) fn other_of_two(primary: &str) -> String {
+    let ordinal = if primary.ends_with("-0") { 1 } else { 0 };
+    format!("{DATABASE}-{ordinal}")
+}
+
+/// The events of reason `reason` about the DatabaseService: whether each is a Warning, and its
+/// note (a repeat within the series window counts on the first event and keeps its note).
+pub(crate) fn database_events(namespace: &str, reason: &str) -> Vec<(bool, String)> {
+    let events: serde_json::Value =
+        serde_json::from_str(&kubectl(&["-n", namespace, "get", "events", "-o", "json"])).unwrap();
+    events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|event| {
+            event["reason"] == reason
+                && event["regarding"]["kind"].as_str().or(event["involvedObject"]["kind"].as_str())
+                    == Some("DatabaseService")
+        })
+        .map(|event| {
+            let note = event["note"].as_str().or(event["message"].as_str()).unwrap_or_default();
+            (event["type"] == "Warning", note.to_string())
+        })
+        .collect()
+}
+
 /// The entries of the ledger of DATABASE with action `action`.
 pub(crate) fn ledger_entries(namespace: &str, action: &str) -> Vec<LedgerEntry> {
     let text = kubectl(&[
@@ -236,7 +263,7 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
 
     // 1. Planned switchover by hand: the annotation names the standby.
     let primary = wait_settled(&client, ns).await;
-    let target = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let target = other_of_two(&primary);
     let since = last_id(ns);
     let failed_at = epoch_now();
     let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: target}}}));

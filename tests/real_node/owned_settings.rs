@@ -9,7 +9,7 @@ use crate::environment::{
 };
 use crate::failover::{ledger_entries, DATABASE};
 use crate::postgres::kubectl_quiet;
-use crate::support::{eventually, kubectl};
+use crate::support::eventually;
 use dbservice_operator::api::database_service::DatabaseService;
 use kube::api::PostParams;
 use kube::Api;
@@ -60,20 +60,8 @@ fn put_back(namespace: &str) -> Option<()> {
 
 /// Warning events of the DatabaseService with the reason, with their notes.
 fn warnings(namespace: &str) -> Vec<String> {
-    let events: serde_json::Value =
-        serde_json::from_str(&kubectl(&["-n", namespace, "get", "events", "-o", "json"])).unwrap();
-    events["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|event| {
-            event["reason"] == REVERTED
-                && event["type"] == "Warning"
-                && event["regarding"]["kind"].as_str().or(event["involvedObject"]["kind"].as_str())
-                    == Some("DatabaseService")
-        })
-        .map(|event| event["note"].as_str().or(event["message"].as_str()).unwrap_or_default().to_string())
-        .collect()
+    let events = crate::failover::database_events(namespace, REVERTED);
+    events.into_iter().filter(|(warning, _)| *warning).map(|(_, note)| note).collect()
 }
 
 #[tokio::test]

@@ -275,7 +275,7 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     tokio::time::sleep(Duration::from_secs(8)).await; // pgbench connected and running before the switchover
     let since = attempts(ns).last().map_or(0, |attempt| attempt.id);
     let switched_at = epoch_now();
-    let target = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let target = crate::failover::other_of_two(&primary);
     let annotation = dbservice_operator::api::failover::SWITCHOVER_ANNOTATION;
     let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {annotation: target}}}));
     databases.patch(DATABASE, &PatchParams::default(), &patch).await.unwrap();

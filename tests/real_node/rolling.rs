@@ -28,7 +28,7 @@ async fn a_settings_change_replaces_the_standby_then_switches_over_then_replaces
     databases.create(&PostParams::default(), &real_database(node, DATABASE, 2, "Delete")).await.unwrap();
     wait_running(&client, ns, DATABASE, 2, Duration::from_secs(300)).await;
     let primary = wait_settled_instances(&client, ns, 2).await;
-    let standby = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let standby = crate::failover::other_of_two(&primary);
     start_writer(&client, node, ns).await;
     let original: BTreeMap<String, String> = pods
         .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={DATABASE}")))

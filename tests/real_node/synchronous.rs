@@ -7,8 +7,8 @@ use crate::environment::{
     admin_client, install_chart, psql, real_database, real_namespace, real_node_or_skip, wait_running, Target,
 };
 use crate::failover::{
-    epoch_now, exec_in, figures, last_id, ledger_entries, settled, start_writer, wait_settled_instances, DATABASE,
-    SETTLE_TIMEOUT,
+    database_events, epoch_now, exec_in, figures, last_id, ledger_entries, other_of_two, settled, start_writer,
+    wait_settled_instances, DATABASE, SETTLE_TIMEOUT,
 };
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::database_service::{DatabaseService, FailoverSpec};
@@ -112,18 +112,6 @@ async fn synchronous_replication_loses_no_acknowledged_commit_when_the_primary_f
     let _ = pods.delete("writer", &DeleteParams::default()).await;
 }
 
-/// Notes of the events of reason `reason` (any type) in `namespace`.
-fn event_notes(namespace: &str, reason: &str) -> Vec<String> {
-    let events: serde_json::Value =
-        serde_json::from_str(&kubectl(&["-n", namespace, "get", "events", "-o", "json"])).unwrap();
-    let items = events["items"].as_array().cloned().unwrap_or_default();
-    items
-        .iter()
-        .filter(|event| event["reason"] == reason)
-        .map(|event| event["note"].as_str().or(event["message"].as_str()).unwrap_or_default().to_string())
-        .collect()
-}
-
 /// The SynchronousReplication condition's status and whether the status says the primary waits.
 async fn durability_state(databases: &Api<DatabaseService>) -> Option<(String, Option<bool>)> {
     let status = databases.get(DATABASE).await.ok()?.status?;
@@ -146,7 +134,7 @@ async fn preferred_durability_is_the_default_loses_no_commit_and_falls_back_with
     databases.create(&PostParams::default(), &real_database(node, DATABASE, 2, "Delete")).await.unwrap();
     wait_running(&client, ns, DATABASE, 2, Duration::from_secs(300)).await;
     let primary = wait_settled_instances(&client, ns, 2).await;
-    let standby = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let standby = other_of_two(&primary);
     eventually("the primary waits for its standby", Duration::from_secs(60), || async {
         (durability_state(&databases).await? == ("True".to_string(), Some(true))).then_some(())
     })
@@ -173,7 +161,7 @@ async fn preferred_durability_is_the_default_loses_no_commit_and_falls_back_with
 
     // 2. The standby fenced: after at most a stalled commit's 5 s the primary acknowledges alone.
     let primary = wait_settled_instances(&client, ns, 2).await;
-    let standby = if primary.ends_with("-0") { format!("{DATABASE}-1") } else { format!("{DATABASE}-0") };
+    let standby = other_of_two(&primary);
     eventually("the primary waits for its standby again", Duration::from_secs(120), || async {
         (durability_state(&databases).await? == ("True".to_string(), Some(true))).then_some(())
     })
@@ -189,7 +177,7 @@ async fn preferred_durability_is_the_default_loses_no_commit_and_falls_back_with
     .await;
     assert_eq!(durability_state(&databases).await, Some(("False".to_string(), Some(false))));
     assert_eq!(ledger_entries(ns, DEGRADED).len(), degraded + 1, "told once");
-    assert!(!event_notes(ns, DEGRADED).is_empty(), "a Warning event");
+    assert!(database_events(ns, DEGRADED).iter().any(|(warning, _)| *warning), "a Warning event");
     let before = last_id(ns);
     eventually("the writer commits without the standby", Duration::from_secs(30), || async {
         (last_id(ns) >= before + 20).then_some(())
@@ -213,7 +201,7 @@ async fn preferred_durability_is_the_default_loses_no_commit_and_falls_back_with
         (ledger_entries(ns, RESTORED).len() > restored).then_some(())
     })
     .await;
-    assert!(!event_notes(ns, RESTORED).is_empty(), "an event that it waits again");
+    assert!(!database_events(ns, RESTORED).is_empty(), "an event that it waits again");
     assert_eq!(synchronous_names(&client, node, ns).await, format!("ANY 1 (\"{standby}\")"));
     let _ = pods.delete("writer", &DeleteParams::default()).await;
 }

@@ -190,8 +190,7 @@ impl Bed {
 
     /// The other instance of a two-instance database.
     pub fn other_than(&self, primary: &str) -> String {
-        let ordinal = if primary.ends_with("-0") { 1 } else { 0 };
-        format!("{DATABASE}-{ordinal}")
+        crate::failover::other_of_two(primary)
     }
 
     /// Waits for one primary behind the Service and every other instance streaming; its name.
