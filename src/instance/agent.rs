@@ -21,7 +21,6 @@ use crate::instance::SecretReader;
 use crate::instance::{ControlPlane, ControlPlaneError, Desired, InstanceConfig, SynchronousStandbys, Upstream};
 use crate::lease::{acquire_verdict, must_fence, renewal_due, AcquireVerdict, LeaseRecord};
 use crate::lsn::Lsn;
-use std::collections::BTreeSet;
 use std::time::Instant;
 use tokio::sync::watch;
 
@@ -898,15 +897,15 @@ impl<C: ControlPlane> Agent<C> {
         let (value, wants) = match wanted {
             SynchronousStandbys::Fixed(names) => (names, None),
             SynchronousStandbys::Preferred { members, count, recorded } => {
-                let recorded: BTreeSet<String> = recorded.into_iter().filter(|name| members.contains(name)).collect();
+                let recorded = durability::recorded_members(&members, &recorded);
                 if self.role == Some(Role::Primary) {
                     let seen = self.postgres.standbys_seen(&members).await?;
                     let wanted = self.preferred.decide(&seen, count, Instant::now());
                     let applied = durability::applicable(&wanted, &recorded, count);
-                    (preferred_names(&applied, count), Some(wanted))
+                    (durability::names(&applied, count), Some(wanted))
                 } else {
                     self.preferred.reset();
-                    (preferred_names(&durability::applicable(&recorded, &recorded, count), count), None)
+                    (durability::names(&durability::applicable(&recorded, &recorded, count), count), None)
                 }
             }
         };
@@ -993,9 +992,8 @@ impl<C: ControlPlane> Agent<C> {
             // Waits from its first commit for the standbys the operator counts on (a restart of a
             // primary that waited, or a standby promoted while its primary waited).
             SynchronousStandbys::Preferred { members, count, recorded } => {
-                let recorded: BTreeSet<String> =
-                    recorded.iter().filter(|name| members.contains(name)).cloned().collect();
-                preferred_names(&durability::applicable(&recorded, &recorded, *count), *count)
+                let recorded = durability::recorded_members(members, recorded);
+                durability::names(&durability::applicable(&recorded, &recorded, *count), *count)
             }
         });
         if let Some(value) = at_start {
@@ -1013,10 +1011,4 @@ impl<C: ControlPlane> Agent<C> {
         };
         Ok(())
     }
-}
-
-/// `ANY count (<standbys>)`, or '' for none.
-fn preferred_names(standbys: &BTreeSet<String>, count: u32) -> String {
-    let standbys: Vec<String> = standbys.iter().cloned().collect();
-    crate::api::synchronous::synchronous_standby_names(&standbys, count, "")
 }

@@ -77,6 +77,18 @@ pub fn applicable(wanted: &BTreeSet<String>, recorded: &BTreeSet<String>, count:
     both
 }
 
+/// The recorded standbys that are members of the database (a promoted standby finds itself in
+/// its former primary's record).
+pub fn recorded_members(members: &[String], recorded: &[String]) -> BTreeSet<String> {
+    recorded.iter().filter(|name| members.contains(name)).cloned().collect()
+}
+
+/// `ANY count (<standbys>)`, or '' for none.
+pub fn names(standbys: &BTreeSet<String>, count: u32) -> String {
+    let standbys: Vec<String> = standbys.iter().cloned().collect();
+    crate::api::synchronous::synchronous_standby_names(&standbys, count, "")
+}
+
 /// The query behind [`StandbysSeen`]: `$1` the names of the other instances.
 pub const STANDBYS_SEEN_QUERY: &str = "SELECT
   ARRAY(SELECT application_name::text FROM pg_catalog.pg_stat_replication

@@ -269,22 +269,13 @@ pub fn decide_failover(
     outcome.primary = next.current_primary.clone().filter(|_| settled);
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
     status.instances = instance_statuses(database, &instances, lease);
+    let reported_by_primary = primary_report(&instances, next.current_primary.as_ref());
     // The primary's agent keeps spec.roles and spec.databases; its last pass is the status.
-    if let Some(declared) = instances
-        .iter()
-        .find(|instance| Some(&instance.name) == next.current_primary.as_ref())
-        .and_then(|instance| instance.report.as_ref())
-        .and_then(|report| report.declared.clone())
-    {
+    if let Some(declared) = reported_by_primary.and_then(|report| report.declared.clone()) {
         status.declared = Some(declared);
     }
     // The primary's agent imports spec.bootstrap.import once; its last word stays in the status.
-    if let Some(import) = instances
-        .iter()
-        .find(|instance| Some(&instance.name) == next.current_primary.as_ref())
-        .and_then(|instance| instance.report.as_ref())
-        .and_then(|report| report.import.clone())
-    {
+    if let Some(import) = reported_by_primary.and_then(|report| report.import.clone()) {
         status.import = Some(import);
     }
     status.failover = next;
