@@ -4,9 +4,9 @@
 //! errors (`spec.version: Invalid value: "latest": must match ...`).
 
 pub use crate::admission::field_error::{FieldError, FieldErrorKind, ValidationOutcome};
-use crate::admission::postgresql_validation::is_off;
 use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
 use crate::api::pod::{REPLICATION_USER, SUPERUSER};
+use crate::api::synchronous::acknowledges_alone;
 pub use crate::api::version::{major_version, VERSION_PATTERN};
 use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
 use chrono::NaiveDate;
@@ -291,7 +291,7 @@ fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<Fiel
     if standbys == 0
         && !chosen
         && spec.replicas_or_default() >= 2
-        && synchronous_commit_of(spec).is_some_and(skips_standbys)
+        && spec.synchronous_commit().is_some_and(acknowledges_alone)
     {
         warnings.push(
             "spec.postgresql.parameters[synchronous_commit] acknowledges commits no standby has: data durability is \
@@ -303,10 +303,10 @@ fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<Fiel
         return;
     }
     let mode = durability.mode;
-    let Some(value) = synchronous_commit_of(spec) else { return };
+    let Some(value) = spec.synchronous_commit() else { return };
     let path = "spec.postgresql.parameters[synchronous_commit]";
     match value.trim().to_ascii_lowercase().as_str() {
-        _ if skips_standbys(value) => errors.push(FieldError {
+        _ if acknowledges_alone(value) => errors.push(FieldError {
             path: path.into(),
             kind: FieldErrorKind::Forbidden,
             detail: format!(
@@ -321,17 +321,6 @@ fn validate_synchronous_commit(spec: &DatabaseServiceSpec, errors: &mut Vec<Fiel
         )),
         _ => {}
     }
-}
-
-fn synchronous_commit_of(spec: &DatabaseServiceSpec) -> Option<&str> {
-    let postgresql = spec.postgresql.as_ref()?;
-    let mut parameters = postgresql.parameters.iter();
-    parameters.find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit")).map(|(_, value)| value.as_str())
-}
-
-/// `off` and `local` acknowledge a commit before any standby has it.
-fn skips_standbys(value: &str) -> bool {
-    is_off(value) || value.trim().eq_ignore_ascii_case("local")
 }
 
 fn validate_failover(failover: &FailoverSpec, replicas: i32, errors: &mut Vec<FieldError>) {

@@ -353,19 +353,18 @@ impl DatabaseServiceSpec {
     /// [`crate::api::synchronous::durability`]).
     pub fn durability(&self) -> crate::api::synchronous::Durability {
         let failover = self.failover.as_ref();
-        let synchronous_commit = self.postgresql.as_ref().and_then(|postgresql| {
-            postgresql
-                .parameters
-                .iter()
-                .find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit"))
-                .map(|(_, value)| value.as_str())
-        });
         crate::api::synchronous::durability(
             failover.and_then(|failover| failover.data_durability),
             failover.and_then(|failover| failover.synchronous_standbys),
             self.replicas_or_default(),
-            synchronous_commit,
+            self.synchronous_commit(),
         )
+    }
+
+    /// `synchronous_commit` as `spec.postgresql.parameters` sets it (the name in any case).
+    pub fn synchronous_commit(&self) -> Option<&str> {
+        let mut parameters = self.postgresql.as_ref()?.parameters.iter();
+        parameters.find(|(name, _)| name.eq_ignore_ascii_case("synchronous_commit")).map(|(_, value)| value.as_str())
     }
 
     /// Replicas with the default applied.

@@ -66,8 +66,7 @@ pub fn durability(
     replicas: i32,
     synchronous_commit: Option<&str>,
 ) -> Durability {
-    let asynchronous_commits = synchronous_commit
-        .is_some_and(|value| crate::api::postgresql::is_off(value) || value.trim().eq_ignore_ascii_case("local"));
+    let asynchronous_commits = synchronous_commit.is_some_and(acknowledges_alone);
     match (mode, synchronous_standbys) {
         (Some(DataDurability::None), _) | (None, Some(0)) => Durability::NONE,
         (Some(mode), standbys) => Durability { mode, standbys: standbys.unwrap_or(1).max(1) },
@@ -95,6 +94,12 @@ pub fn synchronous_standby_names(instances: &[String], count: u32, me: &str) -> 
         return String::new();
     }
     format!("ANY {} ({})", count.min(others.len() as u32), others.join(","))
+}
+
+/// Whether a `synchronous_commit` value (`off`, `local` and their spellings) acknowledges a
+/// commit before any standby has it.
+pub fn acknowledges_alone(synchronous_commit: &str) -> bool {
+    crate::api::postgresql::is_off(synchronous_commit) || synchronous_commit.trim().eq_ignore_ascii_case("local")
 }
 
 /// The durability in force: the one the operator recorded in the status once announced, or
