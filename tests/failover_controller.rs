@@ -8,7 +8,7 @@ use dbservice_operator::api::failover::{FailoverStatus, InstanceReport, Role, IN
 use dbservice_operator::lease::LeaseRecord;
 use dbservice_operator::lsn::Lsn;
 use dbservice_operator::operator::database::failover::pass::{
-    decide_failover, needs_lease, FailoverInput, FailoverOutcome,
+    decide_failover, needs_lease, FailoverInput, FailoverOutcome, LapsedLease,
 };
 use dbservice_operator::operator::database::pod_health::pod_health;
 use dbservice_operator::operator::journal::Journal;
@@ -79,6 +79,16 @@ fn run(
     pods: Vec<Arc<Pod>>,
     lease: Option<LeaseRecord>,
 ) -> (FailoverOutcome, DatabaseServiceStatus, Journal) {
+    run_lapsed(status, pods, lease, None)
+}
+
+/// [`run`] with the version of the Lease that this operator saw lapse.
+fn run_lapsed(
+    status: FailoverStatus,
+    pods: Vec<Arc<Pod>>,
+    lease: Option<LeaseRecord>,
+    lease_lapsed: Option<&str>,
+) -> (FailoverOutcome, DatabaseServiceStatus, Journal) {
     let database = database(status);
     let health: Vec<_> = pods.iter().map(|pod| pod_health(pod)).collect();
     let mut status = database.status.clone().unwrap();
@@ -88,6 +98,7 @@ fn run(
         pods: &pods,
         health: &health,
         lease: lease.as_ref(),
+        lease_lapsed,
         rolling_switchover: None,
         drain_switchover: None,
         timer_seen: None,
@@ -154,6 +165,46 @@ fn a_gone_primary_starts_a_failover_without_a_primary_label_and_releases_its_lea
     assert_eq!(status.failover.target_primary.as_deref(), Some(PENDING));
     assert!(journal.reasons().contains(&"FailoverStarted"));
     assert_eq!(status.instances.iter().find(|instance| instance.name == "db-1").unwrap().lag_bytes, Some(0x100));
+}
+
+/// Issue 38: a primary whose agent froze (or lost the API) looks healthy to its pod and its last
+/// report; its Lease, unchanged for a whole duration on the operator's clock, says it fenced
+/// itself. The failover starts at once and the Lease is released at that version, so the standbys
+/// need not wait for their own clocks.
+#[test]
+fn a_lapsed_lease_starts_a_failover_and_is_released_at_its_version() {
+    let primary = pod("db-0", true, Some(report(Role::Primary, true, false, 1)));
+    let standby = pod("db-1", true, Some(report(Role::Standby, true, true, 1)));
+    let lease = LeaseRecord { holder: Some("db-0".into()), primary_lsn: Some(Lsn(0x3000000)), ..Default::default() };
+    let pods = vec![primary, standby];
+    let (outcome, status, journal) =
+        run_lapsed(settled("db-0", Some(1)), pods.clone(), Some(lease.clone()), Some("41"));
+    assert_eq!(status.failover.target_primary.as_deref(), Some(PENDING));
+    assert_eq!(outcome.primary, None);
+    assert_eq!(outcome.release_lease_of, None, "its pod is there: not the gone-pod release");
+    assert_eq!(outcome.release_lapsed_lease, Some(LapsedLease { holder: "db-0".into(), version: "41".into() }));
+    assert!(journal.reasons().contains(&"FailoverStarted") && journal.reasons().contains(&"PrimaryLeaseLapsed"));
+
+    // A failover under way (started for another reason) gets the lapsed Lease released too.
+    let (outcome, _, _) = run_lapsed(status.failover.clone(), pods.clone(), Some(lease.clone()), Some("41"));
+    assert_eq!(outcome.release_lapsed_lease.map(|lapsed| lapsed.holder).as_deref(), Some("db-0"));
+
+    // Not lapsed: a healthy primary keeps its Lease and its place.
+    let (outcome, status, _) = run_lapsed(settled("db-0", Some(1)), pods.clone(), Some(lease.clone()), None);
+    assert_eq!((outcome.primary.as_deref(), outcome.release_lapsed_lease), (Some("db-0"), None));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-0"));
+
+    // The instance being promoted holds the Lease: never released, lapsed or not.
+    let mut promoting = settled("db-0", Some(1));
+    promoting.target_primary = Some("db-1".into());
+    promoting.transition = Some(dbservice_operator::api::failover::Transition {
+        kind: dbservice_operator::api::failover::TransitionKind::Failover,
+        from: "db-0".into(),
+        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
+    });
+    let taken = LeaseRecord { holder: Some("db-1".into()), ..lease };
+    let (outcome, _, _) = run_lapsed(promoting, pods, Some(taken), Some("42"));
+    assert_eq!(outcome.release_lapsed_lease, None);
 }
 
 #[test]

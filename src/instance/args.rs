@@ -90,16 +90,16 @@ pub struct InstanceRunArgs {
     #[arg(long, env = "DBSERVICE_INSTANCE_TICK_MILLISECONDS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(100..=10_000))]
     pub tick_milliseconds: u64,
     /// Primary Lease duration in seconds.
-    #[arg(long, env = "DBSERVICE_PRIMARY_LEASE_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=300))]
+    #[arg(long, env = "DBSERVICE_PRIMARY_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(3..=300))]
     pub lease_seconds: u64,
     /// Primary Lease renew deadline in seconds (the holder fences itself after it).
-    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_DEADLINE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=300))]
+    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_DEADLINE_SECONDS", default_value_t = 7, value_parser = clap::value_parser!(u64).range(2..=300))]
     pub renew_deadline_seconds: u64,
     /// Address of `/metrics` (PostgreSQL in Prometheus, OpenMetrics).
     #[arg(long, env = "DBSERVICE_METRICS_ADDRESS", default_value = "0.0.0.0:9187")]
     pub metrics_address: std::net::SocketAddr,
     /// Primary Lease renew period in seconds: the only periodic API write of a database.
-    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_PERIOD_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    #[arg(long, env = "DBSERVICE_PRIMARY_RENEW_PERIOD_SECONDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub renew_period_seconds: u64,
 }
 

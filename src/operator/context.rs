@@ -37,6 +37,8 @@ pub struct PassContext {
     pub expectations: Expectations,
     /// True while this process may write (the leader); a pass is cancelled when it turns false.
     pub leading: watch::Receiver<bool>,
+    /// Since when this term has seen each primary Lease's version (kept by a watch).
+    pub lease_clock: Arc<crate::operator::database::failover::lease_clock::LeaseClock>,
 }
 
 impl PassContext {

@@ -60,6 +60,8 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["create", "roles.rbac.authorization.k8s.io", "-n", "default"],
         &["create", "rolebindings.rbac.authorization.k8s.io", "-n", "default"],
         &["update", "leases.coordination.k8s.io/db-primary", "-n", "default"],
+        // The primary Leases are watched: a lapsed one (its holder fenced itself) starts a failover.
+        &["watch", "leases.coordination.k8s.io", "-n", "default"],
         // The pooler (spec.pooler): its Deployment applied, and removed with spec.pooler.
         &["patch", "deployments.apps", "-n", "default"],
         &["delete", "deployments.apps", "-n", "default"],
@@ -78,10 +80,9 @@ async fn the_chart_service_account_has_exactly_the_rights_it_needs() {
         &["create", "clusterroles.rbac.authorization.k8s.io"],
         &["delete", "customresourcedefinitions.apiextensions.k8s.io"],
         &["create", "databaseservices.dbservice.dev", "-n", "default"],
-        // Per-database primary Leases need get/update wherever databases live; never delete, list
-        // or watch, and no role can be bound or escalated beyond what the operator holds.
+        // Per-database primary Leases need get/update/watch wherever databases live; never
+        // delete, and no role can be bound or escalated beyond what the operator holds.
         &["delete", "leases.coordination.k8s.io", "-n", "kube-system"],
-        &["list", "leases.coordination.k8s.io", "--all-namespaces"],
         &["bind", "roles.rbac.authorization.k8s.io", "-n", "default"],
         &["escalate", "roles.rbac.authorization.k8s.io", "-n", "default"],
         &["delete", "roles.rbac.authorization.k8s.io", "-n", "default"],

@@ -275,6 +275,7 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
     let observed = Observed {
         instances,
         lease: Some(world.lease.clone()),
+        lease_lapsed: false,
         switchover_to: world.switchover_to.clone(),
         held_by_major_upgrade: false,
     };

@@ -266,6 +266,8 @@ operator pods, which read children with GET, still run under the new rules.
 # (server-side apply, written with the StatefulSet) and its primary Lease NAME-primary. The operator
 # holds every permission it grants (RBAC forbids escalation): get on databaseservices and get/patch on
 # pods above, get/update on leases here. The Lease of a pod that is gone is released with update.
+# list/watch: the operator watches the primary Leases (managed-by label) to see one lapse (its
+# holder fenced itself) and fail over at once; a Lease holds no secret.
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["create", "patch"]
@@ -274,7 +276,7 @@ operator pods, which read children with GET, still run under the new rules.
   verbs: ["create", "patch"]
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "patch", "update"]
+  verbs: ["get", "list", "watch", "create", "patch", "update"]
 # NetworkPolicy NAME for the database's pods (databaseNetworkPolicies.enabled; server-side apply,
 # written with the StatefulSet).
 - apiGroups: ["networking.k8s.io"]

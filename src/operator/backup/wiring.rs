@@ -69,6 +69,7 @@ fn controller(
             stores: empty_stores(),
             expectations: Expectations::default(),
             leading,
+            lease_clock: Default::default(),
         },
         backups: backups.clone(),
         databases: databases.store,

@@ -7,12 +7,13 @@ use crate::api::failover::SWITCHOVER_ANNOTATION;
 use crate::api::names::primary_lease_name;
 use crate::api::names::{describe, is_labelled_child_of, MANAGED_BY, MANAGED_BY_LABEL, ROLE_LABEL};
 use crate::lease::LeaseRecord;
-use crate::lease::{lease_record, with_record};
+use crate::lease::{lease_duration, lease_record, with_record};
 use crate::operator::caches::diff::{contains_object, LiveValue};
 use crate::operator::caches::Slim;
 use crate::operator::context::PassContext;
 use crate::operator::database::build::{Desired, InstanceAccess};
 use crate::operator::database::decide::{Applied, ApplyOutcome, Workload};
+use crate::operator::database::failover::pass::LapsedLease;
 use crate::operator::database::observe::Observed;
 use crate::operator::database::stateful_set_replacement;
 use crate::operator::server_side_apply;
@@ -25,7 +26,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::json;
 use std::fmt::Debug;
-use std::time::Duration;
 
 /// Applies `desired` unless `live` already contains it; returns what happened and the new resourceVersion.
 pub async fn apply_object<K>(
@@ -170,6 +170,9 @@ async fn apply_children(
     if let Some(instance) = &workload.release_lease_of {
         release_primary_lease(database, instance, context).await?;
     }
+    if let Some(lapsed) = &workload.release_lapsed_lease {
+        release_lapsed_lease(database, lapsed, context).await?;
+    }
     if let Some(name) = &workload.create_backup {
         let backup = crate::operator::database::major_upgrade::pre_upgrade_backup(database, name);
         let backups: Api<crate::api::database_service_backup::DatabaseServiceBackup> =
@@ -263,8 +266,7 @@ async fn release_primary_lease(
     if record.holder.as_deref() != Some(instance) {
         return Ok(());
     }
-    let duration =
-        Duration::from_secs(lease.spec.as_ref().and_then(|spec| spec.lease_duration_seconds).unwrap_or(15) as u64);
+    let duration = lease_duration(&lease);
     let released = with_record(lease, &LeaseRecord { holder: None, ..record }, duration);
     match leases
         .replace(&name, &PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &released)
@@ -273,6 +275,39 @@ async fn release_primary_lease(
         Ok(_) => {
             context.shared.metrics.count_write("Lease", "update");
             tracing::info!(lease = %name, %instance, "released the primary lease of a gone pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// Releases the primary Lease that lapsed at `lapsed.version` (its holder has fenced itself, see
+/// `failover::lease_clock`): a compare-and-swap on that version, so a holder that renewed since
+/// keeps it.
+async fn release_lapsed_lease(
+    database: &DatabaseService,
+    lapsed: &LapsedLease,
+    context: &PassContext,
+) -> Result<(), kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    let name = primary_lease_name(&database.name_any());
+    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
+    let record = lease_record(&lease);
+    if lease.metadata.resource_version.as_ref() != Some(&lapsed.version)
+        || record.holder.as_deref() != Some(lapsed.holder.as_str())
+    {
+        return Ok(());
+    }
+    let duration = lease_duration(&lease);
+    let released = with_record(lease, &LeaseRecord { holder: None, ..record }, duration);
+    match leases
+        .replace(&name, &PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &released)
+        .await
+    {
+        Ok(_) => {
+            context.shared.metrics.count_write("Lease", "update");
+            tracing::info!(lease = %name, holder = %lapsed.holder, "released a lapsed primary lease");
             Ok(())
         }
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),

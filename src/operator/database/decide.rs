@@ -80,6 +80,8 @@ pub struct Workload {
     pub claim_changes: Vec<ClaimChange>,
     /// Release the primary Lease if this instance (whose pod is gone) still holds it.
     pub release_lease_of: Option<String>,
+    /// Release the primary Lease if it is still at the version that lapsed.
+    pub release_lapsed_lease: Option<crate::operator::database::failover::pass::LapsedLease>,
     /// Remove the switchover annotation from the DatabaseService.
     pub clear_switchover_request: bool,
     /// Create this `DatabaseServiceBackup` (the backup before a major upgrade), if absent.
@@ -200,6 +202,7 @@ pub fn decide(input: &DecideInput) -> Decision {
             pods: &observed.pods,
             health: &pods,
             lease,
+            lease_lapsed: observed.primary_lease_lapsed.as_deref(),
             rolling_switchover,
             drain_switchover: crate::operator::database::failover::drain::drain_switchover(
                 &status.failover,
@@ -262,6 +265,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         pod_deletions,
         claim_changes,
         release_lease_of: failover.release_lease_of,
+        release_lapsed_lease: failover.release_lapsed_lease,
         create_backup: upgrade.create_backup,
         clear_switchover_request: failover.clear_switchover_request,
         provisioned_before,

@@ -21,6 +21,7 @@ pub mod durability;
 pub mod error;
 pub mod failover;
 pub mod healing;
+pub mod lease_watch;
 pub mod major_upgrade;
 pub mod observe;
 pub mod owned_settings;

@@ -49,6 +49,9 @@ pub struct Observed {
     pub expandable_classes: BTreeMap<String, bool>,
     /// The primary Lease, read only while a failover or switchover needs it.
     pub primary_lease: Option<crate::lease::LeaseRecord>,
+    /// The version of the primary Lease read, when this process has seen it unchanged and held
+    /// for a whole Lease duration (see `failover::lease_clock`): its holder has fenced itself.
+    pub primary_lease_lapsed: Option<String>,
     /// The nodes of these pods that are cordoned (`spec.unschedulable`).
     pub cordoned_nodes: std::collections::BTreeSet<String>,
     /// The backup before a major upgrade, read only while the upgrade waits for it.
@@ -88,6 +91,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         claims,
         expandable_classes: BTreeMap::new(),
         primary_lease: None,
+        primary_lease_lapsed: None,
         cordoned_nodes,
         pre_upgrade_backup: None,
     }
@@ -148,21 +152,28 @@ pub async fn unlabelled_pods(
     Ok(())
 }
 
-/// Fills [`Observed::primary_lease`] when the failover step needs it (a GET, never in a steady pass).
+/// Fills [`Observed::primary_lease`] when the failover step needs it or `clock` says it lapsed (a
+/// GET, never in a steady pass), and [`Observed::primary_lease_lapsed`] when the version read is
+/// the one that lapsed.
 pub async fn primary_lease(
     database: &DatabaseService,
     observed: &mut Observed,
     client: &Client,
+    clock: &crate::operator::database::failover::lease_clock::LeaseClock,
 ) -> Result<(), kube::Error> {
+    let namespace = database.namespace().unwrap_or_default();
+    let name = crate::api::names::primary_lease_name(&database.name_any());
+    let key = (namespace.clone(), name.clone());
     let health: Vec<_> =
         observed.pods.iter().map(|pod| crate::operator::database::pod_health::pod_health(pod)).collect();
-    if !crate::operator::database::failover::pass::needs_lease(database, &observed.pods, &health) {
+    let lapsed = clock.lapsed(&key, std::time::Instant::now());
+    if lapsed.is_none() && !crate::operator::database::failover::pass::needs_lease(database, &observed.pods, &health) {
         return Ok(());
     }
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), &database.namespace().unwrap_or_default());
-    let name = crate::api::names::primary_lease_name(&database.name_any());
-    observed.primary_lease = leases.get_opt(&name).await?.map(|lease| crate::lease::lease_record(&lease));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), &namespace);
+    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
+    observed.primary_lease = Some(crate::lease::lease_record(&lease));
+    observed.primary_lease_lapsed = lapsed.filter(|version| lease.metadata.resource_version.as_ref() == Some(version));
     Ok(())
 }
 

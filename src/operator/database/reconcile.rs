@@ -126,7 +126,9 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     let mut observed = from_caches(database, &context.stores);
     storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
     unlabelled_pods(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
-    primary_lease(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
+    primary_lease(database, &mut observed, &context.shared.client, &context.lease_clock)
+        .await
+        .map_err(ReconcileError::Observe)?;
     crate::operator::database::observe::pre_upgrade_backup(database, &mut observed, &context.shared.client)
         .await
         .map_err(ReconcileError::Observe)?;

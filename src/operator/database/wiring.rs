@@ -10,6 +10,8 @@ use crate::operator::caches::{scoped, ChildKind, DatabaseSubscription, PartialSt
 use crate::operator::context::{Context, PassContext};
 use crate::operator::database::cleanup::cleanup;
 use crate::operator::database::error::ReconcileError;
+use crate::operator::database::failover::lease_clock::LeaseClock;
+use crate::operator::database::lease_watch::lapse_triggers;
 use crate::operator::database::reconcile::reconcile_live;
 use crate::operator::expectations::Expectations;
 use crate::operator::leader::TermEnd;
@@ -62,7 +64,11 @@ fn database_of<K>(object: Compact<K>) -> Option<ObjectRef<DatabaseService>> {
 
 /// The Controller, the caches it fills, and a subscription to its DatabaseService cache for the
 /// backup controller (one cache of every DatabaseService in the process, not one per controller).
-fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService>, Stores, DatabaseSubscription) {
+fn controller(
+    client: &Client,
+    context: &Context,
+    lease_clock: &Arc<LeaseClock>,
+) -> (Controller<DatabaseService>, Stores, DatabaseSubscription) {
     let settings = &context.settings;
     let namespace = settings.watch_namespace.as_deref();
     let mut selected = watcher::Config::default().page_size(LIST_PAGE_SIZE);
@@ -132,6 +138,8 @@ fn controller(client: &Client, context: &Context) -> (Controller<DatabaseService
         };
         databases
     });
+    // A primary Lease that lapsed (its holder fenced itself) wakes its database at once.
+    controller = controller.reconcile_on(lapse_triggers(client, namespace, lease_clock.clone()));
     let config = ControllerConfig::default().concurrency(settings.concurrency).debounce(Duration::from_millis(500));
     (controller.with_config(config), stores.complete(), subscription)
 }
@@ -187,9 +195,15 @@ pub fn term(
     leading: watch::Receiver<bool>,
     end: &TermEnd,
 ) -> (impl Future<Output = ()>, DatabaseSubscription) {
-    let (controller, stores, databases) = controller(client, context);
-    let pass_context =
-        Arc::new(PassContext { shared: context.clone(), stores, expectations: Expectations::default(), leading });
+    let lease_clock = Arc::new(LeaseClock::default());
+    let (controller, stores, databases) = controller(client, context, &lease_clock);
+    let pass_context = Arc::new(PassContext {
+        shared: context.clone(),
+        stores,
+        expectations: Expectations::default(),
+        leading,
+        lease_clock,
+    });
     let passes = controller.graceful_shutdown_on(end.clone().reached()).run(reconcile, error_policy, pass_context);
     (passes.for_each(|_| async {}), databases)
 }

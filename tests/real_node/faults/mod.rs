@@ -27,6 +27,10 @@ use kube::api::PostParams;
 use kube::Api;
 use std::time::Duration;
 
+/// The primary Lease's renew deadline (the default): a primary that cannot renew stops writing
+/// this long after its last renewal was sent.
+pub const RENEW_DEADLINE: Duration = dbservice_operator::lease::LeaseTimings::DEFAULT.renew_deadline;
+
 /// Faults measured at the same time.
 pub const PARALLEL_FAULTS: usize = 2;
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(PARALLEL_FAULTS);

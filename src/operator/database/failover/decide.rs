@@ -16,6 +16,9 @@ pub struct Observed {
     pub instances: Vec<InstanceObservation>,
     /// The primary Lease, if it could be read.
     pub lease: Option<LeaseRecord>,
+    /// This operator has seen the Lease read held and unchanged for a whole Lease duration: its
+    /// holder has fenced itself (see `failover::lease_clock`), whatever its pod and report say.
+    pub lease_lapsed: bool,
     /// The standby a person asked to switch over to, if any.
     pub switchover_to: Option<String>,
     /// An in-place major upgrade holds failover and switchover: the primary is down on purpose,
@@ -291,8 +294,11 @@ fn steady(
             action: Action::FailoverBlocked { primary: current, reason: Rejection::DiskFull },
         };
     }
+    let lapsed = observed.lease_lapsed
+        && observed.lease.as_ref().is_some_and(|lease| lease.holder.as_deref() == Some(current.as_str()));
     let healthy = primary.is_some_and(|primary| primary.pod == PodState::Ready)
-        && report.is_some_and(|report| report.postgres_ready && report.role == Role::Primary);
+        && report.is_some_and(|report| report.postgres_ready && report.role == Role::Primary)
+        && !lapsed;
     if observed.held_by_major_upgrade && status.transition.is_none() {
         // The upgrade stops the primary on purpose, and a standby of the old major promoted
         // beside an upgraded primary would fork the database: nothing moves until it is done.

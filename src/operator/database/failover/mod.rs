@@ -10,6 +10,7 @@
 pub mod clock;
 pub mod decide;
 pub mod drain;
+pub mod lease_clock;
 pub mod pass;
 
 #[cfg(test)]

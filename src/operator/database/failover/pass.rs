@@ -30,10 +30,22 @@ pub struct FailoverOutcome {
     pub primary: Option<String>,
     /// Release the primary Lease if this instance still holds it (its pod is gone).
     pub release_lease_of: Option<String>,
+    /// Release the primary Lease if it is still at this version: it lapsed, and its holder is not
+    /// the primary wanted any more.
+    pub release_lapsed_lease: Option<LapsedLease>,
     /// Remove the switchover annotation (done, refused, or already the primary).
     pub clear_switchover_request: bool,
     /// A change is in progress or the primary is failing: look again soon.
     pub urgent: bool,
+}
+
+/// A primary Lease this operator saw held and unchanged for a whole Lease duration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LapsedLease {
+    /// Its holder, which has fenced itself.
+    pub holder: String,
+    /// The version that lapsed: the release is a compare-and-swap on it.
+    pub version: String,
 }
 
 /// The report an agent published on `pod`, if any (a malformed one counts as none).
@@ -163,6 +175,8 @@ pub struct FailoverInput<'a> {
     pub health: &'a [PodHealth],
     /// The primary Lease, when this pass read it.
     pub lease: Option<&'a LeaseRecord>,
+    /// The version of that Lease, when this process saw it lapse (see `failover::lease_clock`).
+    pub lease_lapsed: Option<&'a str>,
     /// A switchover the rolling update asks for (only the primary is left on an old revision).
     pub rolling_switchover: Option<String>,
     /// A switchover away from the primary's cordoned node (see [`crate::operator::database::failover::drain`]).
@@ -211,6 +225,7 @@ pub fn decide_failover(
             primary: current.current_primary,
             clear_switchover_request: false,
             release_lease_of: None,
+            release_lapsed_lease: None,
             urgent: false,
         };
     }
@@ -237,6 +252,7 @@ pub fn decide_failover(
     let observed = failover::Observed {
         instances: instances.clone(),
         lease: lease.cloned(),
+        lease_lapsed: input.lease_lapsed.is_some(),
         switchover_to,
         held_by_major_upgrade: input.held_by_major_upgrade,
     };
@@ -265,6 +281,7 @@ pub fn decide_failover(
     if request.is_some() && request == next.current_primary && next.target_primary == next.current_primary {
         outcome.clear_switchover_request = true;
     }
+    outcome.release_lapsed_lease = lapsed_lease_to_release(input, &next, journal);
     let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
     outcome.primary = next.current_primary.clone().filter(|_| settled);
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
@@ -282,6 +299,22 @@ pub fn decide_failover(
     let primary = primary_report(&instances, status.failover.current_primary.as_ref().filter(|_| settled));
     crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
     outcome
+}
+
+/// The lapsed Lease to release: its holder has fenced itself and is not the primary wanted now (a
+/// failover started, or one under way waits for the Lease), so the standbys need not wait for
+/// their own clocks, which start only when they first read it.
+fn lapsed_lease_to_release(input: &FailoverInput, next: &FailoverStatus, journal: &mut Journal) -> Option<LapsedLease> {
+    let holder = input.lease?.holder.clone()?;
+    let version = input.lease_lapsed?;
+    if next.target_primary.as_deref() == Some(holder.as_str()) {
+        return None;
+    }
+    let note = format!(
+        "the primary lease held by {holder} was not renewed for a whole lease duration: {holder} has fenced itself; releasing the lease for the failover"
+    );
+    journal.record(true, "PrimaryLeaseLapsed", note, None);
+    Some(LapsedLease { holder, version: version.to_string() })
 }
 
 /// The report of instance `primary`, if it has one.

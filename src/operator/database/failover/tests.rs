@@ -66,6 +66,7 @@ fn observed(instances: Vec<InstanceObservation>) -> Observed {
             primary_lsn: Some(Lsn(100 * MIB)),
             ..Default::default()
         }),
+        lease_lapsed: false,
         switchover_to: None,
         held_by_major_upgrade: false,
     }
@@ -819,4 +820,37 @@ fn a_major_upgrade_holds_failover_and_switchover() {
     let decision = decide(&failing_status(0), &held(gone()), &settings(0), at(10));
     assert_eq!(decision.status.primary_failing_since, None);
     assert_eq!(decision.status.target_primary.as_deref(), Some("db-0"));
+}
+
+#[test]
+fn a_lapsed_lease_fails_over_a_primary_that_still_looks_healthy() {
+    // The agent frozen or cut off from the API: its pod is Ready and its last report says ready,
+    // but the operator saw its Lease unchanged for a whole duration, so its server is fenced.
+    let lapsed = |instances| Observed { lease_lapsed: true, ..observed(instances) };
+    let started = Action::FailoverStarted { old_primary: "db-0".into(), release_lease: false };
+    let healthy = || vec![healthy_primary(), standby("db-1", 100 * MIB, true)];
+    let mut other_holder = lapsed(healthy());
+    other_holder.lease.as_mut().unwrap().holder = Some("db-1".into());
+    check(vec![
+        ("lapsed, no delay: failover", steady_status(), lapsed(healthy()), settings(0), 0, started),
+        (
+            "lapsed, with a delay: failing first",
+            steady_status(),
+            lapsed(healthy()),
+            settings(5),
+            0,
+            Action::PrimaryFailing { primary: "db-0".into(), failover_in: Duration::from_secs(5) },
+        ),
+        ("renewed again: healthy", steady_status(), observed(healthy()), settings(0), 0, Action::Steady),
+        // Someone else's lapse says nothing about this primary.
+        ("lapsed lease of another holder", steady_status(), other_holder, settings(0), 0, Action::Steady),
+        (
+            "a single instance is still never failed over",
+            steady_status(),
+            lapsed(vec![healthy_primary()]),
+            settings(0),
+            0,
+            Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::NoStandby },
+        ),
+    ]);
 }
