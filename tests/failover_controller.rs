@@ -207,6 +207,35 @@ fn a_lapsed_lease_starts_a_failover_and_is_released_at_its_version() {
     assert_eq!(outcome.release_lapsed_lease, None);
 }
 
+/// Issue 38: a failover that promotes a standby behind the last position the old primary
+/// published (asynchronous, or degraded) says so, with the WAL it gives up, in the ledger.
+#[test]
+fn a_promotion_behind_the_old_primary_records_what_it_gives_up() {
+    let mut status = settled("db-0", Some(1));
+    status.target_primary = Some(PENDING.into());
+    status.transition = Some(dbservice_operator::api::failover::Transition {
+        kind: dbservice_operator::api::failover::TransitionKind::Failover,
+        from: "db-0".into(),
+        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
+    });
+    let stopped = pod("db-1", true, Some(report(Role::Standby, true, false, 1)));
+    let released =
+        LeaseRecord { holder: None, primary_lsn: Some(Lsn(0x3000100)), timeline: Some(1), ..Default::default() };
+    let (_, status, journal) = run(status.clone(), vec![stopped.clone()], Some(released));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"));
+    let entry = journal.entries.iter().find(|entry| entry.action == "FailoverPromoting").expect("a ledger entry");
+    assert!(entry.outcome.contains("256 bytes of WAL behind the last position known of db-0"), "{}", entry.outcome);
+
+    // A standby that has everything gives nothing up, and says nothing of it.
+    let caught_up =
+        LeaseRecord { holder: None, primary_lsn: Some(Lsn(0x3000000)), timeline: Some(1), ..Default::default() };
+    let mut pending = status;
+    pending.failover.target_primary = Some(PENDING.into());
+    let (_, _, journal) = run(pending.failover, vec![stopped], Some(caught_up));
+    let entry = journal.entries.iter().find(|entry| entry.action == "FailoverPromoting").expect("a ledger entry");
+    assert_eq!(entry.outcome, "requested");
+}
+
 #[test]
 fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
     let mut status = settled("db-0", Some(1));

@@ -139,8 +139,10 @@ pub struct FailoverSpec {
     /// Seconds the primary must stay unhealthy before a failover starts (default 0, at most 3600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_seconds: Option<u32>,
-    /// A standby further behind than this many bytes of WAL is never promoted by a failover
-    /// (default 16777216 = 16 MiB; at least 0, at most 1 TiB).
+    /// A standby further behind than this many bytes of WAL (behind the last position the primary
+    /// published) is never promoted by a failover: the failover waits for a better standby or the
+    /// old primary instead (default 1048576 = 1 MiB, as Patroni's `maximum_lag_on_failover`; at
+    /// least 0, at most 1 TiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maximum_lag_bytes: Option<u64>,
     /// Seconds a switchover may take before it is abandoned (default 30, from 5 to 3600).

@@ -206,6 +206,16 @@ fn reference_lsn(observed: &Observed, current_timeline: u32) -> Lsn {
     observed.lease.as_ref().and_then(|lease| lease.primary_lsn).into_iter().chain(reported).max().unwrap_or_default()
 }
 
+/// How far the standby `target` is behind the most advanced position known (the old primary's at
+/// its last Lease renewal, or another standby's): WAL, and the commits in it, that promoting it
+/// gives up (none under `required`, or `preferred` while in force, beyond what no client heard
+/// acknowledged). Zero when it is not behind or its position is unknown.
+pub fn behind_reference(status: &FailoverStatus, observed: &Observed, target: &str) -> u64 {
+    let reference = reference_lsn(observed, current_timeline(status, observed));
+    let received = find(observed, target).and_then(|instance| instance.report.as_ref()?.received_lsn);
+    received.map_or(0, |received| reference.0.saturating_sub(received.0))
+}
+
 /// The timeline of the database: the primary's, from the status or from its last Lease renewal
 /// (the status may be a stale cache of it, or lost).
 fn current_timeline(status: &FailoverStatus, observed: &Observed) -> u32 {

@@ -272,9 +272,15 @@ pub fn decide_failover(
     }
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
+    let behind = match &decision.action {
+        Action::PromotionRequested { kind: TransitionKind::Failover, target } => {
+            failover::decide::behind_reference(&current, &observed, target)
+        }
+        _ => 0,
+    };
     tell(
         decision.action,
-        &Telling { current: &current, next: &next, request: request.as_ref(), generation, now },
+        &Telling { current: &current, next: &next, request: request.as_ref(), generation, now, behind },
         journal,
         &mut outcome,
     );
@@ -332,6 +338,8 @@ struct Telling<'a> {
     request: Option<&'a String>,
     generation: i64,
     now: DateTime<Utc>,
+    /// Bytes of WAL a failover's promotion gives up (see `failover::decide::behind_reference`).
+    behind: u64,
 }
 
 /// Tells what the failover decision did (events, ledger entries) and what it asks of apply
@@ -392,16 +400,26 @@ fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcom
     match action {
         Action::PromotionRequested { kind, target } => {
             let from = told.next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
-            let note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
+            let mut note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
+            let mut outcome_text = "requested".to_string();
+            if told.behind > 0 {
+                // What the choice costs, in the ledger: the commits in that WAL are given up.
+                let gap = format!(
+                    "{target} is {} bytes of WAL behind the last position known of {from}: the commits in it are given up",
+                    told.behind
+                );
+                note = format!("{note}; {gap}");
+                outcome_text = format!("requested; {gap}");
+            }
             let entry = LedgerEntry::at(
                 told.now,
                 told.generation,
                 &format!("{}Promoting", kind_name(kind)),
                 from,
                 target,
-                "requested",
+                &outcome_text,
             );
-            journal.record(false, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
+            journal.record(told.behind > 0, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
         }
         Action::CandidateLost { target, reason } => {
             journal.record(

@@ -101,8 +101,10 @@ fn promoting_status(kind: TransitionKind, target: &str, started: i64) -> Failove
     }
 }
 
+/// Settings of the tables: a lag limit of 16 MiB, the default before issue 38 (positions here are
+/// tens of MiB apart).
 fn settings(delay: u64) -> FailoverSettings {
-    FailoverSettings { failover_delay: Duration::from_secs(delay), ..Default::default() }
+    FailoverSettings { failover_delay: Duration::from_secs(delay), maximum_lag_bytes: 16 * MIB, ..Default::default() }
 }
 
 /// Runs a table: (name, status, observed, settings, now, expected action).
@@ -851,6 +853,28 @@ fn a_lapsed_lease_fails_over_a_primary_that_still_looks_healthy() {
             settings(0),
             0,
             Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::NoStandby },
+        ),
+    ]);
+}
+
+#[test]
+fn by_default_a_standby_more_than_a_mebibyte_behind_is_not_promoted() {
+    // Issue 38: a standby whose WAL receiver stalled is 2 MiB behind the last position the primary
+    // published in its Lease (100 MiB): the failover waits for a better one instead.
+    let defaults = FailoverSettings::default();
+    assert_eq!(defaults.maximum_lag_bytes, MIB);
+    let old = || instance("db-0", PodState::Gone, None);
+    let lagging = observed(vec![old(), standby("db-1", 98 * MIB, false)]);
+    let rejected = vec![("db-1".to_string(), Rejection::LagTooHigh { lag_bytes: 2 * MIB, limit_bytes: MIB })];
+    check(vec![
+        ("2 MiB behind", pending_status(0), lagging, defaults.clone(), 11, Action::NoCandidate { rejected }),
+        (
+            "half a MiB behind",
+            pending_status(0),
+            observed(vec![old(), standby("db-1", 100 * MIB - MIB / 2, false)]),
+            defaults,
+            11,
+            Action::PromotionRequested { kind: TransitionKind::Failover, target: "db-1".into() },
         ),
     ]);
 }
