@@ -104,6 +104,24 @@ pub(crate) async fn start_writer(client: &kube::Client, node: &RealNode, namespa
 
 /// The primary and standbys as the status shows them, once there is exactly one primary behind
 /// the Service (the only pod labelled primary) and every other instance streams from it.
+/// Waits until the durability asked for is in force: with `required` or `preferred` (the default)
+/// the condition SynchronousReplication is True (a new database, and one whose old primary has
+/// just rejoined, acknowledges alone until its standbys stream), so that a fault hits a database
+/// that is not degraded and may lose nothing.
+pub(crate) async fn durability_in_force(client: &kube::Client, namespace: &str) {
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
+    eventually("the durability asked for in force", Duration::from_secs(120), || async {
+        let status = databases.get(DATABASE).await.ok()?.status?;
+        let mode = status.durability?.mode;
+        let synchronous = status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == "SynchronousReplication" && condition.status == "True");
+        (mode == dbservice_operator::api::synchronous::DataDurability::None || synchronous).then_some(())
+    })
+    .await;
+}
+
 pub(crate) async fn settled(client: &kube::Client, namespace: &str, instances: usize) -> Option<String> {
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
     let status = databases.get(DATABASE).await.ok()?.status?;
@@ -263,6 +281,7 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
 
     // 1. Planned switchover by hand: the annotation names the standby.
     let primary = wait_settled(&client, ns).await;
+    durability_in_force(&client, ns).await;
     let target = other_of_two(&primary);
     let since = last_id(ns);
     let failed_at = epoch_now();
@@ -286,6 +305,7 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
 
     // 2. The primary's pod is deleted.
     let primary = wait_settled(&client, ns).await;
+    durability_in_force(&client, ns).await;
     let since = last_id(ns);
     let failed_at = epoch_now();
     pods.delete(&primary, &DeleteParams::default()).await.unwrap();
@@ -293,11 +313,13 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
         settled(&client, ns, 2).await.filter(|now| *now != primary)
     })
     .await;
-    figures(&client, node, ns, "primary pod deleted", failed_at, since).await;
+    let (_, lost) = figures(&client, node, ns, "primary pod deleted", failed_at, since).await;
     assert_ne!(new_primary, primary);
+    assert_eq!(lost, 0, "preferred durability: the primary pod's deletion lost acknowledged commits");
 
     // 3. PostgreSQL SIGKILLed inside the primary (its agent lives on).
     let primary = wait_settled(&client, ns).await;
+    durability_in_force(&client, ns).await;
     let since = last_id(ns);
     let failed_at = epoch_now();
     let postmaster = |pod: &str| {
@@ -313,7 +335,10 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
     assert!(!killed.is_empty(), "the primary's postmaster runs");
     exec_in(ns, &primary, r#"kill -KILL "$(head -n 1 "$PGDATA/postmaster.pid")""#);
     let after = wait_settled(&client, ns).await;
-    let (rto, _) = figures(&client, node, ns, "PostgreSQL killed in the primary", failed_at, since).await;
+    let (rto, lost) = figures(&client, node, ns, "PostgreSQL killed in the primary", failed_at, since).await;
+    // Issue 38: SIGKILL the instant after commits were acknowledged (the writer commits all the
+    // time): every one of them is on the primary after, restarted in place or failed over.
+    assert_eq!(lost, 0, "preferred durability: a killed primary lost acknowledged commits");
     let replaced = eventually("a new postmaster on the killed instance", SETTLE_TIMEOUT, || async {
         let now = postmaster(&primary);
         (!now.is_empty() && now != killed).then_some(now)
@@ -327,6 +352,7 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
 
     // 4. PostgreSQL hangs (SIGSTOP): the agent fences it and the standby takes over.
     let primary = wait_settled(&client, ns).await;
+    durability_in_force(&client, ns).await;
     let since = last_id(ns);
     let failed_at = epoch_now();
     exec_in(ns, &primary, HANG_POSTGRES);
@@ -334,13 +360,15 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
         settled(&client, ns, 2).await.filter(|now| *now != primary)
     })
     .await;
-    let (rto, _) = figures(&client, node, ns, "PostgreSQL hung in the primary", failed_at, since).await;
+    let (rto, lost) = figures(&client, node, ns, "PostgreSQL hung in the primary", failed_at, since).await;
     assert_ne!(new_primary, primary);
+    assert_eq!(lost, 0, "preferred durability: a hung primary's failover lost acknowledged commits");
     assert!(rto <= 60.0, "a hung primary was replaced after {rto:.1} s");
 
     // 5. The primary's pod is deleted and the operator's leader restarts in the middle.
     let _operator_pods_move = operator_pods_lock().write().await;
     let primary = wait_settled(&client, ns).await;
+    durability_in_force(&client, ns).await;
     let since = last_id(ns);
     let failed_at = epoch_now();
     let leader = lease_holder();

@@ -158,21 +158,9 @@ impl Bed {
         Some(bed)
     }
 
-    /// Waits until the durability asked for is in force: with `required` or `preferred` the
-    /// condition SynchronousReplication is True (a new database starts with its primary alone
-    /// until its standbys stream), so that a fault hits a database that is not degraded.
+    /// Waits until the durability asked for is in force (see [`crate::failover::durability_in_force`]).
     async fn synchronous_when_asked(&self) {
-        let databases = self.databases();
-        crate::support::eventually("the durability asked for in force", Duration::from_secs(120), || async {
-            let status = databases.get(DATABASE).await.ok()?.status?;
-            let mode = status.durability?.mode;
-            let synchronous = status
-                .conditions
-                .iter()
-                .any(|condition| condition.type_ == "SynchronousReplication" && condition.status == "True");
-            (mode == DataDurability::None || synchronous).then_some(())
-        })
-        .await;
+        crate::failover::durability_in_force(&self.client, self.ns()).await;
     }
 
     /// Its namespace.
