@@ -114,6 +114,11 @@ pub struct LeaseRecord {
     /// checkpoint, which a successor must have received before promoting (no lost commit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at_lsn: Option<Lsn>,
+    /// The duration the holder wrote (`spec.leaseDurationSeconds`, not in the annotation): a holder
+    /// with longer timings (an older agent, during a rolling update) fences later, so nobody may
+    /// take its Lease before that duration either.
+    #[serde(skip)]
+    pub duration: Option<Duration>,
 }
 
 /// Whether an instance may take the lease now.
@@ -158,15 +163,14 @@ pub fn acquire_verdict(
     unchanged_for: Duration,
     timings: &LeaseTimings,
 ) -> AcquireVerdict {
+    // The longer of the two: the holder fences by its own renew deadline, which its own duration
+    // exceeds (a 10 s standby must not take a 15 s holder's Lease after 10 s).
+    let duration = record.duration.map_or(timings.duration, |written| written.max(timings.duration));
     match &record.holder {
         None => AcquireVerdict::Free,
         Some(holder) if holder == me => AcquireVerdict::AlreadyHeld,
-        Some(holder) if expired(unchanged_for, timings.duration) => {
-            AcquireVerdict::Expired { previous: holder.clone() }
-        }
-        Some(holder) => {
-            AcquireVerdict::HeldByOther { holder: holder.clone(), remaining: timings.duration - unchanged_for }
-        }
+        Some(holder) if expired(unchanged_for, duration) => AcquireVerdict::Expired { previous: holder.clone() },
+        Some(holder) => AcquireVerdict::HeldByOther { holder: holder.clone(), remaining: duration - unchanged_for },
     }
 }
 
@@ -195,17 +199,18 @@ pub fn lease_record(lease: &Lease) -> LeaseRecord {
         .unwrap_or_default();
     record.holder =
         lease.spec.as_ref().and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
+    record.duration = lease
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.lease_duration_seconds)
+        .and_then(|seconds| u64::try_from(seconds).ok())
+        .map(Duration::from_secs);
     record
 }
 
 /// The Lease's duration as its holder wrote it (the default when it wrote none).
 pub fn lease_duration(lease: &Lease) -> Duration {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.lease_duration_seconds)
-        .and_then(|seconds| u64::try_from(seconds).ok())
-        .map_or(LeaseTimings::default().duration, Duration::from_secs)
+    lease_record(lease).duration.unwrap_or(LeaseTimings::DEFAULT.duration)
 }
 
 /// `lease` rewritten to hold `record` (same resourceVersion: the replace is a compare-and-swap).
@@ -280,6 +285,24 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_with_a_longer_duration_is_waited_for_as_long() {
+        // An agent of before issue 38 (15 s / 10 s / 5 s) holds the Lease while a standby already
+        // runs the new timings (10 s): the holder fences 10 s after its last renewal, so the
+        // standby must wait the holder's 15 s, not its own 10 s.
+        let timings = LeaseTimings::default();
+        let old_holder = LeaseRecord { duration: Some(secs(15)), ..held_by("db-0") };
+        assert!(!acquire_verdict(&old_holder, "db-1", secs(10), &timings).may_acquire());
+        assert!(!acquire_verdict(&old_holder, "db-1", secs(14), &timings).may_acquire());
+        assert!(acquire_verdict(&old_holder, "db-1", secs(15), &timings).may_acquire());
+        // A shorter written duration never shortens this instance's own.
+        let short = LeaseRecord { duration: Some(secs(3)), ..held_by("db-0") };
+        assert!(!acquire_verdict(&short, "db-1", secs(9), &timings).may_acquire());
+        // Written into the Lease and read back with it.
+        let lease = with_record(Lease::default(), &held_by("db-0"), secs(15));
+        assert_eq!(lease_record(&lease).duration, Some(secs(15)));
+    }
+
+    #[test]
     fn a_silent_holder_fences_before_anyone_may_acquire() {
         let timings = LeaseTimings::default();
         // The holder's clock starts at its last renewal; the other's no earlier than that.
@@ -306,6 +329,7 @@ mod tests {
             primary_lsn: Some(Lsn(0x3000060)),
             timeline: Some(2),
             released_at_lsn: None,
+            duration: None,
         };
         let json = serde_json::to_string(&record).unwrap();
         assert_eq!(json, r#"{"holder":"db-0","primaryLsn":"0/3000060","timeline":2}"#);

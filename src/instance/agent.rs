@@ -504,6 +504,8 @@ impl<C: ControlPlane> Agent<C> {
             primary_lsn: position.or(record.primary_lsn),
             timeline: timeline.or(record.timeline),
             released_at_lsn: None,
+            // Written from this agent's own timings by the control plane.
+            duration: None,
         };
         // The fence clock starts when the renewal is sent, not when it returns: others time the
         // Lease from when they see the new version, which is later than this.

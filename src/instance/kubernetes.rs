@@ -342,6 +342,7 @@ mod tests {
             primary_lsn: Some(crate::lsn::Lsn(0x3000060)),
             timeline: Some(2),
             released_at_lsn: None,
+            duration: Some(Duration::from_secs(15)),
         };
         let lease = with_record(Lease::default(), &record, Duration::from_secs(15));
         assert_eq!(lease_record(&lease), record);
