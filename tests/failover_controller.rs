@@ -4,7 +4,9 @@
 
 use chrono::{TimeZone, Utc};
 use dbservice_operator::api::database_service::{DatabaseService, DatabaseServiceStatus};
-use dbservice_operator::api::failover::{FailoverStatus, InstanceReport, Role, INSTANCE_REPORT_ANNOTATION, PENDING};
+use dbservice_operator::api::failover::{
+    FailoverStatus, InstanceReport, Role, Transition, TransitionKind, INSTANCE_REPORT_ANNOTATION, PENDING,
+};
 use dbservice_operator::lease::LeaseRecord;
 use dbservice_operator::lsn::Lsn;
 use dbservice_operator::operator::database::failover::pass::{
@@ -72,6 +74,18 @@ fn settled(primary: &str, timeline: Option<u32>) -> FailoverStatus {
         timeline,
         ..Default::default()
     }
+}
+
+/// db-0's change to `target` (or pending), started at 00:04:58 (two seconds before [`run`]'s now).
+fn changing(kind: TransitionKind, target: impl Into<String>) -> FailoverStatus {
+    let mut status = settled("db-0", Some(1));
+    status.target_primary = Some(target.into());
+    status.transition = Some(Transition {
+        kind,
+        from: "db-0".into(),
+        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
+    });
+    status
 }
 
 fn run(
@@ -195,13 +209,7 @@ fn a_lapsed_lease_starts_a_failover_and_is_released_at_its_version() {
     assert_eq!(status.failover.target_primary.as_deref(), Some("db-0"));
 
     // The instance being promoted holds the Lease: never released, lapsed or not.
-    let mut promoting = settled("db-0", Some(1));
-    promoting.target_primary = Some("db-1".into());
-    promoting.transition = Some(dbservice_operator::api::failover::Transition {
-        kind: dbservice_operator::api::failover::TransitionKind::Failover,
-        from: "db-0".into(),
-        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
-    });
+    let promoting = changing(TransitionKind::Failover, "db-1");
     let taken = LeaseRecord { holder: Some("db-1".into()), ..lease };
     let (outcome, _, _) = run_lapsed(promoting, pods, Some(taken), Some("42"));
     assert_eq!(outcome.release_lapsed_lease, None);
@@ -211,13 +219,7 @@ fn a_lapsed_lease_starts_a_failover_and_is_released_at_its_version() {
 /// published (asynchronous, or degraded) says so, with the WAL it gives up, in the ledger.
 #[test]
 fn a_promotion_behind_the_old_primary_records_what_it_gives_up() {
-    let mut status = settled("db-0", Some(1));
-    status.target_primary = Some(PENDING.into());
-    status.transition = Some(dbservice_operator::api::failover::Transition {
-        kind: dbservice_operator::api::failover::TransitionKind::Failover,
-        from: "db-0".into(),
-        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
-    });
+    let status = changing(TransitionKind::Failover, PENDING);
     let stopped = pod("db-1", true, Some(report(Role::Standby, true, false, 1)));
     let released =
         LeaseRecord { holder: None, primary_lsn: Some(Lsn(0x3000100)), timeline: Some(1), ..Default::default() };
@@ -238,13 +240,7 @@ fn a_promotion_behind_the_old_primary_records_what_it_gives_up() {
 
 #[test]
 fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
-    let mut status = settled("db-0", Some(1));
-    status.target_primary = Some("db-1".into());
-    status.transition = Some(dbservice_operator::api::failover::Transition {
-        kind: dbservice_operator::api::failover::TransitionKind::Switchover,
-        from: "db-0".into(),
-        started_at: Utc.with_ymd_and_hms(2026, 12, 1, 0, 4, 58).unwrap(),
-    });
+    let status = changing(TransitionKind::Switchover, "db-1");
     let pods = vec![
         pod("db-0", true, Some(report(Role::Primary, false, false, 1))),
         pod("db-1", true, Some(report(Role::Primary, true, false, 2))),

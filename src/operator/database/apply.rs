@@ -259,27 +259,7 @@ async fn release_primary_lease(
         );
         return Ok(());
     }
-    let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &namespace);
-    let name = primary_lease_name(&database.name_any());
-    let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
-    let record = lease_record(&lease);
-    if record.holder.as_deref() != Some(instance) {
-        return Ok(());
-    }
-    let duration = lease_duration(&lease);
-    let released = with_record(lease, &LeaseRecord { holder: None, ..record }, duration);
-    match leases
-        .replace(&name, &PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, &released)
-        .await
-    {
-        Ok(_) => {
-            context.shared.metrics.count_write("Lease", "update");
-            tracing::info!(lease = %name, %instance, "released the primary lease of a gone pod");
-            Ok(())
-        }
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(error) => Err(error),
-    }
+    release_lease_held_by(database, instance, None, context).await
 }
 
 /// Releases the primary Lease that lapsed at `lapsed.version` (its holder has fenced itself, see
@@ -290,13 +270,24 @@ async fn release_lapsed_lease(
     lapsed: &LapsedLease,
     context: &PassContext,
 ) -> Result<(), kube::Error> {
+    release_lease_held_by(database, &lapsed.holder, Some(&lapsed.version), context).await
+}
+
+/// Frees the primary Lease if `holder` still holds it (and, with `version`, if it is still at that
+/// version), keeping its positions. Compare-and-swap on the resourceVersion read: a Lease that
+/// changed since is left alone.
+async fn release_lease_held_by(
+    database: &DatabaseService,
+    holder: &str,
+    version: Option<&str>,
+    context: &PassContext,
+) -> Result<(), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
     let name = primary_lease_name(&database.name_any());
     let Some(lease) = leases.get_opt(&name).await? else { return Ok(()) };
     let record = lease_record(&lease);
-    if lease.metadata.resource_version.as_ref() != Some(&lapsed.version)
-        || record.holder.as_deref() != Some(lapsed.holder.as_str())
-    {
+    let same_version = version.is_none_or(|version| lease.metadata.resource_version.as_deref() == Some(version));
+    if record.holder.as_deref() != Some(holder) || !same_version {
         return Ok(());
     }
     let duration = lease_duration(&lease);
@@ -307,7 +298,8 @@ async fn release_lapsed_lease(
     {
         Ok(_) => {
             context.shared.metrics.count_write("Lease", "update");
-            tracing::info!(lease = %name, holder = %lapsed.holder, "released a lapsed primary lease");
+            let why = if version.is_some() { "it lapsed" } else { "its pod is gone" };
+            tracing::info!(lease = %name, %holder, why, "released the primary lease");
             Ok(())
         }
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),

@@ -5,7 +5,7 @@
 
 use crate::api::database_service::DatabaseService;
 use crate::api::names::MANAGED_SELECTOR;
-use crate::lease::lease_duration;
+use crate::lease::{lease_duration, lease_record};
 use crate::operator::caches::scoped;
 use crate::operator::database::failover::lease_clock::{LeaseClock, LeaseKey};
 use futures::{Stream, StreamExt};
@@ -29,10 +29,8 @@ fn key(lease: &Lease) -> LeaseKey {
 fn note(clock: &LeaseClock, event: watcher::Event<Lease>) {
     let now = Instant::now();
     let seen = |lease: &Lease| {
-        let spec = lease.spec.as_ref();
-        let holder = spec.and_then(|spec| spec.holder_identity.clone()).filter(|holder| !holder.is_empty());
         let version = lease.resource_version().unwrap_or_default();
-        clock.observe(key(lease), &version, holder, lease_duration(lease), now);
+        clock.observe(key(lease), &version, lease_record(lease).holder, lease_duration(lease), now);
     };
     match event {
         watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => seen(&lease),

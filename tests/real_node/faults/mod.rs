@@ -107,6 +107,16 @@ impl Bed {
         Bed::start_in(fault, instances, BedOptions { durability: Some(durability), ..BedOptions::default() }).await
     }
 
+    /// Two instances in the default mode, or three under `durability` (with two, `required` would
+    /// make writes wait until a failed-over primary rejoins): the beds of the faults measured in
+    /// every mode.
+    pub async fn start_in_mode(fault: &str, durability: Option<DataDurability>) -> Option<Bed> {
+        match durability {
+            None => Bed::start(fault, 2).await,
+            Some(mode) => Bed::start_durable(fault, 3, mode).await,
+        }
+    }
+
     /// Like [`Bed::start`], with the instances on both real nodes (one per node: a required
     /// anti-affinity) and the writers on the first one (`tests/cluster/second-node.sh`).
     pub async fn start_across_nodes(fault: &str, instances: usize) -> Option<Bed> {

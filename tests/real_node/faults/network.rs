@@ -49,11 +49,7 @@ async fn a_primary_cut_off_from_the_api_server_under_required_durability_loses_n
 /// Drops the primary's traffic to the API server (its clients still reach it): it must fence
 /// itself at the renew deadline, before the operator, seeing the Lease lapse, promotes a standby.
 async fn cut_off_from_the_api_server(fault: &str, durability: Option<DataDurability>) {
-    let bed = match durability {
-        None => Bed::start(fault, 2).await,
-        Some(mode) => Bed::start_durable(fault, 3, mode).await,
-    };
-    let Some(bed) = bed else { return };
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let primary = bed.primary().await;
     let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");
     let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");

@@ -102,11 +102,7 @@ async fn the_primary_agent_stopped_under_required_durability_loses_no_commit() {
 /// renew deadline, and the operator, seeing the Lease lapse, fails over within the README's target
 /// (asserted loosely here; `benches/fault-recovery.sh` compares three runs with the target).
 async fn agent_stopped_for_a_minute(fault: &str, durability: Option<DataDurability>) {
-    let bed = match durability {
-        None => Bed::start(fault, 2).await,
-        Some(mode) => Bed::start_durable(fault, 3, mode).await,
-    };
-    let Some(bed) = bed else { return };
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let primary = bed.primary().await;
     let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");
     let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");
