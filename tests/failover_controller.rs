@@ -255,6 +255,29 @@ fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
     assert!(entry.outcome.contains("completed in 2.0s"), "{}", entry.outcome);
 }
 
+/// Issue 38: a switchover's old primary takes writes until its agent stops it, so it keeps the
+/// primary label (Service NAME) until the target's promotion is seen; a failover's does not.
+#[test]
+fn a_switchover_keeps_the_old_primary_labelled_until_the_target_is_promoted_and_a_failover_does_not() {
+    let old = pod("db-0", true, Some(report(Role::Primary, true, false, 1)));
+    let target = pod("db-1", true, Some(report(Role::Standby, true, true, 1)));
+    let lease = LeaseRecord { holder: Some("db-0".into()), ..Default::default() };
+    let (outcome, status, _) =
+        run(changing(TransitionKind::Switchover, "db-1"), vec![old.clone(), target.clone()], Some(lease.clone()));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"), "the switchover goes on");
+    assert_eq!(outcome.primary.as_deref(), Some("db-0"));
+
+    // Stopped, Lease released, the target not promoted yet: still db-0 (it refuses connections).
+    let stopped = pod("db-0", false, Some(report(Role::Primary, false, false, 1)));
+    let (outcome, _, _) =
+        run(changing(TransitionKind::Switchover, "db-1"), vec![stopped.clone(), target.clone()], None);
+    assert_eq!(outcome.primary.as_deref(), Some("db-0"));
+
+    let (outcome, status, _) = run(changing(TransitionKind::Failover, "db-1"), vec![stopped, target], None);
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"));
+    assert_eq!(outcome.primary, None, "no pod behind Service db during a failover");
+}
+
 #[test]
 fn a_malformed_report_counts_as_none() {
     let mut broken = (*pod("db-0", true, None)).clone();

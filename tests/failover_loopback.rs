@@ -544,6 +544,50 @@ async fn a_deleted_primary_pod_hands_over_cleanly_without_losing_commits() {
     cluster.shutdown().await;
 }
 
+/// Seen on the real node (object store unreachable, primary pod deleted: 23.5 s): a fast shutdown
+/// waits for the archiver's last attempts, which with a store that does not answer last until the
+/// server is killed, and the Lease was released only once the server had exited. Emulated: an
+/// archive command that hangs. The Lease is released with the end of the commits as soon as the
+/// shutdown checkpoint is written, while the server still waits for its archiver: the standby is
+/// promoted without waiting for it, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_primary_whose_archiver_hangs_hands_over_at_its_shutdown_checkpoint() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let settings = [("archive_mode", "on"), ("archive_command", "sleep 60")];
+    let mut cluster = Cluster::start_with_server_settings(pg_bin, NAMES, FailoverSettings::default(), &settings).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+
+    let deleted = Instant::now();
+    cluster.terminate_pod("db-0");
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let promoted = deleted.elapsed();
+    assert!(
+        loopback::postmaster_alive(&cluster.pgdata("db-0")),
+        "the old primary had exited before the promotion {promoted:?} later (by its fence watchdog at the renew deadline, or \
+         its archiver did not hang): the hand-over waited for the server's exit\n{}",
+        cluster.diagnostics()
+    );
+    assert!(
+        promoted < Duration::from_secs(3),
+        "the promotion took {promoted:?}: the hand-over waited for the archiver\n{}",
+        cluster.diagnostics()
+    );
+    let new_port = cluster.port("db-1");
+    first_commit_after(&cluster, deleted, new_port, "a commit on the new primary").await;
+    cluster.delete_pod("db-0").await;
+    let released = released_at(&cluster);
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    assert!(lost.is_empty(), "acknowledged commits lost: {lost:?}");
+    eprintln!(
+        "FIGURES primary pod deleted, its archiver hanging: promoted after {:.2} s (Lease released at {released}); \
+         {} acknowledged, 0 lost",
+        promoted.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
 /// Seen on the real node: PostgreSQL killed in the primary, restarted in place by its agent a
 /// moment later, and a failover started anyway (the operator saw the crash, not the restart). The
 /// standby's stream had ended with the crash and it reconnects only on its retry interval, so the

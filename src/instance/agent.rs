@@ -108,6 +108,8 @@ pub struct Agent<C> {
     import: ImportKeeper,
     /// An in-place major upgrade of this instance's data (see [`UpgradeKeeper`]).
     upgrade: UpgradeKeeper,
+    /// This standby is the target of a change of primary, not promoted yet (see `next_tick`).
+    handing_over: bool,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -121,6 +123,10 @@ pub const RELEASED_WAL_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// `wait_for_a_streaming_standby`): a standby retries its connection every second
 /// (`wal_retrieve_retry_interval`), so one that is up connects well within it.
 pub const STANDBY_STREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The agent's tick while this standby waits to be promoted (see `next_tick`): a change of primary
+/// is a few steps (the old primary's release, then the promotion), each a tick apart.
+pub const HANDOVER_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Name of the fence watchdog's file in the socket directory.
 pub const FENCE_FILE: &str = "dbservice-fence";
@@ -180,6 +186,7 @@ impl<C: ControlPlane> Agent<C> {
             secrets: SecretReader::default(),
             import: ImportKeeper::default(),
             upgrade: UpgradeKeeper::default(),
+            handing_over: false,
         }
     }
 
@@ -202,8 +209,9 @@ impl<C: ControlPlane> Agent<C> {
                 tracing::warn!(instance = %self.config.name, %error, "instance step failed");
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.config.tick) => {}
+                _ = tokio::time::sleep(self.next_tick()) => {}
                 _ = stop.changed() => {}
+                _ = self.control_plane.changed() => {}
             }
         }
         if let Err(error) = self.stop_and_release(false).await {
@@ -214,6 +222,17 @@ impl<C: ControlPlane> Agent<C> {
         self.keep_fence();
         if let Some(watchdog) = self.watchdog.take() {
             watchdog.stop();
+        }
+    }
+
+    /// The wait before the next step: [`HANDOVER_TICK`] while this standby is the one a change of
+    /// primary waits for (it reads the Lease for the old primary's release every step), the
+    /// configured tick otherwise.
+    fn next_tick(&self) -> std::time::Duration {
+        if self.handing_over {
+            self.config.tick.min(HANDOVER_TICK)
+        } else {
+            self.config.tick
         }
     }
 
@@ -325,7 +344,17 @@ impl<C: ControlPlane> Agent<C> {
             return self.publish(&LocalState::Down).await;
         }
         self.fenced_by_hand = false;
+        self.handing_over =
+            self.role == Some(Role::Standby) && (target_me || desired.target_primary.as_deref() == Some(PENDING));
+        let before = self.role;
         self.act(&local, &desired, target_me, target_other).await?;
+        if before == Some(Role::Standby) && self.role == Some(Role::Primary) {
+            // Promoted in this step: the operator completes the change once it reads the new
+            // timeline, so the report says it now rather than a tick later.
+            self.handing_over = false;
+            let promoted = self.observe().await;
+            return self.publish(&promoted).await;
+        }
         self.publish(&local).await
     }
 
@@ -353,7 +382,13 @@ impl<C: ControlPlane> Agent<C> {
                 } else if desired.target_primary.as_deref() == Some(PENDING) {
                     // Stop streaming only once the old primary cannot commit any more (lease
                     // released or expired): until then every commit it acknowledges still arrives.
-                    if self.lease_free().await? {
+                    // A clean release comes at the shutdown checkpoint, while the old primary's WAL
+                    // sender may still be sending: streaming goes on until its position is here.
+                    let (record, _, verdict) = self.read_lease().await?;
+                    let received = sample.received_lsn.max(sample.replay_lsn).unwrap_or_default();
+                    let released_wal_coming =
+                        sample.streaming && record.released_at_lsn.is_some_and(|released| received < released);
+                    if verdict.may_acquire() && !released_wal_coming {
                         self.follow(None).await?;
                     }
                 } else if let Some(upstream) = &desired.upstream {
@@ -483,10 +518,6 @@ impl<C: ControlPlane> Agent<C> {
         self.lease_seen = Some((version.clone(), seen_since));
         let verdict = acquire_verdict(&record, &self.config.name, now - seen_since, &self.config.lease);
         Ok((record, version, verdict))
-    }
-
-    async fn lease_free(&mut self) -> Result<bool, ControlPlaneError> {
-        Ok(self.read_lease().await?.2.may_acquire())
     }
 
     /// Writes this instance as holder, with its position, if nobody else holds the Lease.
@@ -663,17 +694,20 @@ impl<C: ControlPlane> Agent<C> {
                 return Ok(());
             }
         }
-        let clean = self.postgres.stop(self.config.stop_grace).await;
+        let grace = self.config.stop_grace;
+        let writes_over = self.postgres.stop_writes(grace).await;
+        if !writes_over || !was_primary {
+            self.postgres.finish_stop(grace).await;
+        }
         if !was_primary {
             return Ok(());
         }
         // Only pg_control proves a clean stop: a server killed under the stop (by the fence
         // watchdog, say) exits too, and its control file names an old checkpoint that a
         // successor would take for the end of its WAL.
-        let control = if clean {
-            Some(standby::shutdown_checkpoint(&self.config).await?).filter(|control| control.clean)
-        } else {
-            None
+        let control = match writes_over {
+            true => standby::shutdown_checkpoint(&self.config).await.ok().filter(|control| control.clean),
+            false => None,
         };
         let clean = control.is_some();
         let checkpoint = control.map(|control| control.checkpoint);
@@ -683,7 +717,13 @@ impl<C: ControlPlane> Agent<C> {
         };
         tracing::info!(instance = %self.config.name, clean, checkpoint = ?checkpoint, released = ?released, "primary stopped");
         self.shutdown_checkpoint = checkpoint;
-        self.release_lease(released).await
+        // Released once the shutdown checkpoint is written, not once the server exited: the
+        // archiver's last attempts must not hold the successor back (an unreachable object store
+        // held it until the fence watchdog killed the server, 24 s); the WAL senders go on sending
+        // the last WAL, which the successor waits for.
+        let released = self.release_lease(released).await;
+        self.postgres.finish_stop(grace).await;
+        released
     }
 
     /// Before a primary steps down for another instance: a clean shutdown sends the last WAL only

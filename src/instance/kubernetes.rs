@@ -226,6 +226,13 @@ impl ControlPlane for KubeControlPlane {
         Ok(desired)
     }
 
+    async fn changed(&self) {
+        // A change between the last `desired` and this call waits for the next one or the tick.
+        let mut watch = self.database_watch.clone();
+        watch.borrow_and_update();
+        let _ = watch.changed().await;
+    }
+
     async fn publish(&self, report: &InstanceReport) -> Result<(), ControlPlaneError> {
         let text = serde_json::to_string(report).expect("reports serialize");
         let patch = Patch::Merge(json!({"metadata": {"annotations": {INSTANCE_REPORT_ANNOTATION: text}}}));

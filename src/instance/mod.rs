@@ -195,6 +195,11 @@ pub trait ControlPlane: Send + Sync {
         version: &str,
         record: &LeaseRecord,
     ) -> impl Future<Output = Result<Option<String>, ControlPlaneError>> + Send;
+    /// Completes when the operator's wishes may have changed since this call (the agent then steps
+    /// at once instead of at its next tick); never, for a control plane that cannot tell.
+    fn changed(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
 }
 
 /// Runs an `instance` subcommand.

@@ -499,6 +499,44 @@ impl Postgres {
         false
     }
 
+    /// Begins a fast shutdown and waits up to `grace` until the server can commit nothing more:
+    /// it exited, or pg_control says "shut down" (every session is gone and the shutdown checkpoint
+    /// is written; what may still run are the WAL senders sending the last WAL and the archiver's
+    /// last attempts, which last minutes when the object store does not answer). False when it still
+    /// runs unchanged after `grace`; [`Self::finish_stop`] ends the stop either way.
+    pub async fn stop_writes(&mut self, grace: Duration) -> bool {
+        self.client = None;
+        let Some(pid) = self.pid() else {
+            self.child = None;
+            return false;
+        };
+        signal_postmaster(pid, libc::SIGINT);
+        let began = std::time::Instant::now();
+        loop {
+            if self.wait_exit(SHUTDOWN_POLL).await || shut_down_in_control_file(&self.config.pgdata) {
+                return true;
+            }
+            if began.elapsed() >= grace {
+                return false;
+            }
+        }
+    }
+
+    /// Ends a stop begun by [`Self::stop_writes`]: waits up to `grace` for the server to exit, then
+    /// sends the immediate shutdown, then SIGKILL after another `grace`.
+    pub async fn finish_stop(&mut self, grace: Duration) {
+        if self.wait_exit(grace).await {
+            return;
+        }
+        if let Some(pid) = self.pid() {
+            signal_postmaster(pid, libc::SIGQUIT);
+            if self.wait_exit(grace).await {
+                return;
+            }
+        }
+        self.kill().await;
+    }
+
     /// SIGKILL to the postmaster and every child (works on a stopped, hung server too).
     pub async fn kill(&mut self) {
         self.client = None;
@@ -519,6 +557,23 @@ impl Postgres {
             Err(_) => false,
         }
     }
+}
+
+/// How often [`Postgres::stop_writes`] looks at pg_control.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+
+/// Whether `PGDATA/global/pg_control` says the cluster is shut down (in recovery or not). Its
+/// `state` is the fourth field, at byte 16 after the system identifier (8 bytes) and two version
+/// numbers (4 each), in every major since 9.0; `DB_SHUTDOWNED` is 1, `DB_SHUTDOWNED_IN_RECOVERY` 2.
+/// The server writes the file in one 512-byte sector, so a read never sees half of it.
+pub fn shut_down_in_control_file(pgdata: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(pgdata.join("global").join("pg_control")) else { return false };
+    control_file_state(&bytes).is_some_and(|state| state == 1 || state == 2)
+}
+
+/// The `state` field of pg_control's bytes (native byte order, as the server wrote it).
+fn control_file_state(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(bytes.get(16..20)?.try_into().ok()?))
 }
 
 fn signal_postmaster(pid: u32, signal: i32) {
@@ -624,5 +679,23 @@ mod tests {
         let failed = Err(PostgresError::Answer("pg_promote returned false".into()));
         let (outcome, keep_session) = settle_promotion(failed, None::<Result<(), &str>>);
         assert!(outcome.is_err() && !keep_session);
+    }
+
+    #[test]
+    fn the_control_file_state_is_the_fourth_field() {
+        let mut bytes = vec![0u8; 296];
+        bytes[..8].copy_from_slice(&7_000_000_000_000_000_001_u64.to_ne_bytes());
+        bytes[8..12].copy_from_slice(&1300_u32.to_ne_bytes());
+        bytes[12..16].copy_from_slice(&202_209_061_u32.to_ne_bytes());
+        for (state, shut_down) in [(1_u32, true), (2, true), (3, false), (5, false), (6, false)] {
+            bytes[16..20].copy_from_slice(&state.to_ne_bytes());
+            assert_eq!(control_file_state(&bytes), Some(state));
+            let directory = tempfile::tempdir().unwrap();
+            std::fs::create_dir(directory.path().join("global")).unwrap();
+            std::fs::write(directory.path().join("global/pg_control"), &bytes).unwrap();
+            assert_eq!(shut_down_in_control_file(directory.path()), shut_down, "state {state}");
+        }
+        assert_eq!(control_file_state(&bytes[..19]), None, "a short file has no state");
+        assert!(!shut_down_in_control_file(Path::new("/nonexistent")));
     }
 }

@@ -124,6 +124,9 @@ pub struct World {
     pub operator_paused: bool,
     /// Pods deleted (their processes are dead).
     pub gone: BTreeSet<String>,
+    /// Pods being deleted: their agent was told to stop; a pod with a deletion timestamp is not
+    /// ready for the operator (as `PodHealth::terminating`).
+    pub terminating: BTreeSet<String>,
     pub switchover_to: Option<String>,
     /// spec.failover.synchronousStandbys.
     pub synchronous_standbys: u32,
@@ -264,7 +267,7 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
                 report.as_ref().is_some_and(|report| report.postgres_ready) && postmaster_alive(&world.pgdata[name]);
             let pod = if gone {
                 PodState::Gone
-            } else if ready {
+            } else if ready && !world.terminating.contains(name) {
                 PodState::Ready
             } else {
                 PodState::NotReady
@@ -575,13 +578,23 @@ impl Cluster {
     /// The pod is deleted the way a kubelet deletes it: its agent is told to stop (SIGTERM) and
     /// stops PostgreSQL cleanly, handing the Lease over; the pod object goes once it has exited.
     pub async fn delete_pod(&mut self, name: &str) {
-        if let Some((stop, task)) = self.agents.remove(name) {
-            let _ = stop.send(true);
+        self.terminate_pod(name);
+        if let Some((_, task)) = self.agents.remove(name) {
             let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
         }
         let mut world = self.world.lock().unwrap();
+        world.terminating.remove(name);
         world.gone.insert(name.to_string());
         world.reports.remove(name);
+    }
+
+    /// The first half of [`Self::delete_pod`]: the pod has its deletion timestamp and its agent was
+    /// told to stop, which it is still doing; `delete_pod` waits for the rest.
+    pub fn terminate_pod(&mut self, name: &str) {
+        self.world.lock().unwrap().terminating.insert(name.to_string());
+        if let Some((stop, _)) = self.agents.get(name) {
+            let _ = stop.send(true);
+        }
     }
 
     /// The pod comes back (a new agent on the same volume).

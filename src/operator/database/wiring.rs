@@ -140,7 +140,12 @@ fn controller(
     });
     // A primary Lease that lapsed (its holder fenced itself) wakes its database at once.
     controller = controller.reconcile_on(lapse_triggers(client, namespace, lease_clock.clone()));
-    let config = ControllerConfig::default().concurrency(settings.concurrency).debounce(Duration::from_millis(500));
+    // No debounce: kube-runtime's debounce is trailing and restarts with every event, and during a
+    // failover the pods change every few hundred milliseconds (agents' reports, readiness, a pod
+    // re-created), so a 500 ms debounce held the pass that starts or completes the failover back
+    // for seconds (seen on the real node: 2 s after a primary pod's deletion). Passes read caches
+    // and write only what changed; triggers for an object already queued or running coalesce.
+    let config = ControllerConfig::default().concurrency(settings.concurrency);
     (controller.with_config(config), stores.complete(), subscription)
 }
 

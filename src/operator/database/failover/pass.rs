@@ -26,7 +26,8 @@ use std::time::Duration;
 /// What the failover step wants besides the status.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FailoverOutcome {
-    /// The pod to label primary (Service NAME selects it); None during a change: no endpoint.
+    /// The pod to label primary (Service NAME selects it): the old primary during a switchover, until
+    /// the target's promotion is seen; None during a failover (no endpoint).
     pub primary: Option<String>,
     /// Release the primary Lease if this instance still holds it (its pod is gone).
     pub release_lease_of: Option<String>,
@@ -289,7 +290,13 @@ pub fn decide_failover(
     }
     outcome.release_lapsed_lease = lapsed_lease_to_release(input, &next, journal);
     let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
-    outcome.primary = next.current_primary.clone().filter(|_| settled);
+    // A switchover's old primary takes writes until its agent stops it: it keeps Service NAME
+    // until the target's promotion is seen (unlabelled at the request, it refused writes for the
+    // agent's reaction and the stop's checkpoint as well, a third of a second). A failover's
+    // primary is failing: no endpoint.
+    let switching_over =
+        next.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover);
+    outcome.primary = next.current_primary.clone().filter(|_| settled || switching_over);
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
     status.instances = instance_statuses(database, &instances, lease);
     let reported_by_primary = primary_report(&instances, next.current_primary.as_ref());
