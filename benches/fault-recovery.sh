@@ -12,6 +12,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 export KUBECONFIG="$root/.cluster/kubeconfig" DBSERVICE_E2E=1 CI=true PATH="$root/.cluster/bin:$PATH"
 log="$(mktemp /tmp/fault-recovery.XXXXXX)"
+output="${log}.output"
 tests=(
   failover_switchover_and_fencing_keep_one_primary_under_a_writer
   faults::stalls::a_primary_stalled_until_fenced
@@ -21,9 +22,11 @@ tests=(
 )
 for run in $(seq "$runs"); do
   echo "run $run of $runs: cargo test --test real_node -- ${tests[*]}" >&2
-  # A failed test still counts its figures: a missing one is reported below.
+  # A failed test still counts its figures: a missing one is reported below. The whole output is
+  # kept: a failed assertion is read there.
   flock /tmp/dbservice-e2e.lock cargo test --quiet --test real_node -- "${tests[@]}" --nocapture 2>&1 |
-    sed -n "s/^.*\[figure\] \(.*\): RTO \([0-9.]*\) s.*$/$run\t\1\t\2/p" >>"$log" || true
+    tee -a "$output" | sed -n "s/^.*\[figure\] \(.*\): RTO \([0-9.]*\) s.*$/$run\t\1\t\2/p" >>"$log" || true
+  echo "run $run: $(grep -c '^test .* FAILED$' "$output" || true) failed tests so far (output: $output)" >&2
 done
 python3 - "$log" "$runs" <<'EOF'
 import sys
@@ -32,6 +35,7 @@ from collections import defaultdict
 # (scenario as the tests name it, target in seconds): issue 38 / README "Faults".
 TARGETS = [
     ("object store unreachable: primary pod deleted", 10.0),
+    ("object store unreachable: switchover", 3.0),
     # The operator's leader lost in the middle: no target of its own (the new leader's clocks
     # start when it takes over).
     ("primary pod deleted + operator leader restarted", None),

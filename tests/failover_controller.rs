@@ -48,6 +48,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         major_upgrade: None,
         owned_settings_reverted: None,
         waits_for: None,
+        discarded_on_rejoin: None,
     }
 }
 

@@ -775,12 +775,29 @@ async fn a_deleted_primary_whose_stream_ended_under_writes_names_the_commits_the
     assert!(released <= checkpoint, "released at {released}, after the shutdown checkpoint {checkpoint}");
     assert!(promoted >= RELEASED_WAL_WAIT, "promoted after {promoted:?} without the missing commits");
     assert!(!lost.is_empty(), "the commits after the stream ended cannot have reached the standby");
+
+    // Issue 38: the old primary rejoins and says how many commits its rewind discarded (counted
+    // before pg_rewind): at least every acknowledged one lost.
+    cluster.recreate_pod("db-0");
+    cluster.assert_follows("db-0", "db-1").await;
+    let discarded = cluster.world.lock().unwrap().reports["db-0"].discarded_on_rejoin.clone();
+    let discarded = discarded.expect("the former primary reports the commits its rewind discarded");
+    assert!(
+        discarded.commits >= lost.len() as u64,
+        "{} commits discarded, but {} acknowledged ones are missing: {discarded:?}",
+        discarded.commits,
+        lost.len()
+    );
+    assert!(discarded.diverged_at.parse::<Lsn>().unwrap() >= received, "{discarded:?} before the standby's {received}");
     eprintln!(
         "FIGURES primary pod deleted after its stream ended under writes: the Lease named {} bytes the standby \
-         lacked; promoted after {:.2} s without them, {} acknowledged commits lost",
+         lacked; promoted after {:.2} s without them, {} acknowledged commits lost; the old primary's rewind \
+         discarded {} commits ({} bytes)",
         released.bytes_ahead_of(received),
         promoted.as_secs_f64(),
-        lost.len()
+        lost.len(),
+        discarded.commits,
+        discarded.bytes
     );
     cluster.shutdown().await;
 }

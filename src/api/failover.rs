@@ -88,6 +88,29 @@ pub struct InstanceReport {
     /// drops one from here only after it stopped waiting for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits_for: Option<Vec<String>>,
+    /// The last time this former primary rejoined as a standby and gave up commits it had that the
+    /// new primary lacks (absent until it first did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_on_rejoin: Option<DiscardedOnRejoin>,
+}
+
+/// What a former primary gave up when it rejoined as a standby of a new primary (issue 38): its
+/// WAL after the point where the new primary's timeline forked off, which pg_rewind discards.
+/// Commits there were never on the new primary: under asynchronous replication a client may have
+/// heard of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscardedOnRejoin {
+    /// When it rejoined (RFC 3339).
+    pub at: String,
+    /// Where its WAL and the new primary's timeline diverged.
+    pub diverged_at: String,
+    /// The new primary's timeline it rejoined.
+    pub timeline: u32,
+    /// Commit records (and prepared transactions) after the divergence.
+    pub commits: u64,
+    /// Bytes of its WAL after the divergence.
+    pub bytes: u64,
 }
 
 /// Settings the operator owns that an agent found changed in postgresql.auto.conf (an `ALTER
@@ -225,6 +248,9 @@ pub struct InstanceStatus {
     /// The last time its agent put back settings the operator owns after an `ALTER SYSTEM`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned_settings_reverted: Option<OwnedSettingsReverted>,
+    /// The last time it rejoined as a former primary with commits the new primary lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discarded_on_rejoin: Option<DiscardedOnRejoin>,
 }
 
 /// Failover settings (spec.failover, validated by the webhook).

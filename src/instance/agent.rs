@@ -1,7 +1,7 @@
 //! The agent's control loop: observe the local server, read what the operator wants, act, and
 //! publish a report when something changed.
 
-use crate::api::failover::{ArchivingReport, InstanceReport, Role, PENDING};
+use crate::api::failover::{ArchivingReport, DiscardedOnRejoin, InstanceReport, Role, PENDING};
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
@@ -110,6 +110,8 @@ pub struct Agent<C> {
     upgrade: UpgradeKeeper,
     /// This standby is the target of a change of primary, not promoted yet (see `next_tick`).
     handing_over: bool,
+    /// The commits this former primary last gave up when it rejoined (reported).
+    discarded_on_rejoin: Option<DiscardedOnRejoin>,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -187,6 +189,7 @@ impl<C: ControlPlane> Agent<C> {
             import: ImportKeeper::default(),
             upgrade: UpgradeKeeper::default(),
             handing_over: false,
+            discarded_on_rejoin: None,
         }
     }
 
@@ -486,6 +489,7 @@ impl<C: ControlPlane> Agent<C> {
             major_upgrade: self.upgrade.report(),
             owned_settings_reverted: self.owned_settings.reverted().cloned(),
             waits_for: self.waits_for.clone().filter(|_| role == Role::Primary),
+            discarded_on_rejoin: self.discarded_on_rejoin.clone(),
         }
     }
 
@@ -870,6 +874,7 @@ impl<C: ControlPlane> Agent<C> {
     /// switchover), or a fresh clone when rewinding fails.
     async fn rejoin(&mut self, upstream: &Upstream) -> Result<(), AgentError> {
         tracing::info!(instance = %self.config.name, "former primary: rewinding onto the new primary");
+        self.count_what_the_rewind_discards(upstream).await;
         match standby::rewind(&self.config, upstream).await {
             Ok(output) => {
                 tracing::info!(instance = %self.config.name, output = %output.trim(), "pg_rewind done");
@@ -886,6 +891,28 @@ impl<C: ControlPlane> Agent<C> {
         // Rewound or cloned: the timeline is the new primary's, whatever this one had.
         self.last_sample = None;
         Ok(())
+    }
+
+    /// Reads, before the rewind discards it, how much of this former primary's WAL the new primary
+    /// never had, and reports it when it holds commits (the operator writes a Warning and a ledger
+    /// entry): under asynchronous replication a client may have been told of them.
+    async fn count_what_the_rewind_discards(&mut self, upstream: &Upstream) {
+        match standby::divergence(&self.config, upstream).await {
+            Ok(Some(divergence)) if divergence.commits > 0 => {
+                tracing::warn!(instance = %self.config.name, diverged_at = %divergence.diverged_at, commits = divergence.commits, bytes = divergence.bytes, "former primary: commits the new primary lacks are discarded");
+                self.discarded_on_rejoin = Some(DiscardedOnRejoin {
+                    at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    diverged_at: divergence.diverged_at.to_string(),
+                    timeline: divergence.timeline,
+                    commits: divergence.commits,
+                    bytes: divergence.bytes,
+                });
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not read what the rewind discards");
+            }
+        }
     }
 
     /// Streams through this standby's own replication slot once it exists on `upstream`.

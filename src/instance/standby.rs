@@ -372,6 +372,78 @@ pub async fn rewind(config: &InstanceConfig, upstream: &Upstream) -> Result<Stri
     run_tool(config, "pg_rewind", &args, Duration::from_secs(600)).await
 }
 
+/// What a former primary's WAL holds beyond the point where the new primary's timeline forked
+/// off: pg_rewind discards it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    /// Where the histories diverged.
+    pub diverged_at: Lsn,
+    /// The timeline the discarded WAL is on.
+    pub timeline: u32,
+    /// Commit records (and prepared transactions) after the divergence.
+    pub commits: u64,
+    /// Bytes of WAL after the divergence.
+    pub bytes: u64,
+}
+
+/// Reads, before [`rewind`], what it will discard: `pg_rewind --dry-run` names the divergence, and
+/// pg_waldump counts this data directory's commits after it. None when nothing diverged (a clean
+/// switchover's old primary).
+pub async fn divergence(config: &InstanceConfig, upstream: &Upstream) -> Result<Option<Divergence>, StandbyError> {
+    write_required_settings(config)?;
+    let args = [
+        format!("--target-pgdata={}", config.pgdata.display()),
+        format!("--source-server={}", conninfo(config, upstream, false)),
+        "--dry-run".to_string(),
+    ];
+    let out = run_tool(config, "pg_rewind", &args, Duration::from_secs(600)).await?;
+    let Some((diverged_at, timeline)) = parse_divergence(&out) else { return Ok(None) };
+    if out.contains("no rewind required") {
+        return Ok(None);
+    }
+    let control = shutdown_checkpoint(config).await?;
+    let args = [
+        "--path".to_string(),
+        config.pgdata.join("pg_wal").display().to_string(),
+        format!("--timeline={timeline}"),
+        format!("--start={diverged_at}"),
+    ];
+    // To the end of the WAL, which pg_waldump reports as an error (exit status 1).
+    let output = run_tool_output(config, "pg_waldump", &args, Duration::from_secs(120)).await?;
+    let (commits, end) = commits_and_end(&String::from_utf8_lossy(&output.stdout), &control);
+    let bytes = end.map_or(0, |end| end.bytes_ahead_of(diverged_at));
+    Ok(Some(Divergence { diverged_at, timeline, commits, bytes }))
+}
+
+/// pg_rewind's "servers diverged at WAL location X on timeline N".
+fn parse_divergence(out: &str) -> Option<(Lsn, u32)> {
+    let rest = out.split("servers diverged at WAL location ").nth(1)?;
+    let mut words = rest.split_whitespace();
+    let position = words.next()?.parse().ok()?;
+    let timeline = rest.split("on timeline ").nth(1)?.split_whitespace().next()?.trim_end_matches('.').parse().ok()?;
+    Some((position, timeline))
+}
+
+/// The [`commit_record`]s in pg_waldump's output, and the end of its last record.
+fn commits_and_end(out: &str, control: &ControlData) -> (u64, Option<Lsn>) {
+    let mut commits = 0;
+    let mut end = None;
+    for line in out.lines().filter(|line| line.starts_with("rmgr:")) {
+        let fields = || -> Option<(&str, &str, u64, Lsn)> {
+            let rmgr = line.strip_prefix("rmgr:")?.split_whitespace().next()?;
+            let total =
+                line.split("len (rec/tot):").nth(1)?.split(',').next()?.split('/').nth(1)?.trim().parse().ok()?;
+            let start = line.split("lsn: ").nth(1)?.split(',').next()?.trim().parse().ok()?;
+            let kind = line.split("desc: ").nth(1)?.split([' ', ';']).next()?;
+            Some((rmgr, kind, total, start))
+        };
+        let Some((rmgr, kind, total, start)) = fields() else { continue };
+        commits += u64::from(commit_record(rmgr, kind));
+        end = Some(record_end(start, total, control));
+    }
+    (commits, end)
+}
+
 /// Clones `upstream` into the data directory with pg_basebackup (the data directory's parent must
 /// be writable by the server's user); an existing directory is moved
 /// aside to `<pgdata>.replaced-<unix time>` first (never deleted: it may hold the only copy of
@@ -602,5 +674,18 @@ pg_waldump: error: error in WAL record at 0/3000028: invalid record length at 0/
         assert_eq!(record_end(Lsn(0x00FF_FFF8), 114, &CONTROL), Lsn(0x0100_0000 + 40 + 112));
         // Ending exactly on a boundary stays there.
         assert_eq!(record_end(Lsn(0x1F88), 120, &CONTROL), Lsn(0x2000));
+    }
+
+    #[test]
+    fn what_a_rewind_discards() {
+        let out = "pg_rewind: servers diverged at WAL location 0/15165D8 on timeline 1\n\
+                   pg_rewind: rewinding from last common checkpoint at 0/1516598 on timeline 1\n";
+        assert_eq!(parse_divergence(out), Some((Lsn(0x0151_65D8), 1)));
+        assert_eq!(parse_divergence("pg_rewind: no rewind required\n"), None);
+        // From the divergence on: one commit, then the stop's records up to the shutdown checkpoint.
+        let (commits, end) = commits_and_end(DUMP, &CONTROL);
+        assert_eq!(commits, 1);
+        assert_eq!(end, Some(Lsn(0x0151_6820 + 120)));
+        assert_eq!(commits_and_end("pg_waldump: error: could not find a valid record\n", &CONTROL), (0, None));
     }
 }

@@ -40,6 +40,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         major_upgrade: None,
         owned_settings_reverted: None,
         waits_for: None,
+        discarded_on_rejoin: None,
         archiving: Some(archiving),
     }
 }

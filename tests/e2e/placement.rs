@@ -189,6 +189,7 @@ fn report(role: Role, received: Option<u64>) -> InstanceReport {
         major_upgrade: None,
         owned_settings_reverted: None,
         waits_for: None,
+        discarded_on_rejoin: None,
         archiving: None,
     }
 }

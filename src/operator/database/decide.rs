@@ -225,6 +225,13 @@ pub fn decide(input: &DecideInput) -> Decision {
         generation,
         now,
     );
+    crate::operator::database::discarded::tell_discarded(
+        reverted_before,
+        &status.instances,
+        &mut journal,
+        generation,
+        now,
+    );
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);

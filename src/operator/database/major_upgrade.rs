@@ -477,6 +477,7 @@ mod tests {
             major_upgrade: upgrade,
             owned_settings_reverted: None,
             waits_for: None,
+            discarded_on_rejoin: None,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod checked_secrets;
 pub mod cleanup;
 pub mod credentials_form;
 pub mod decide;
+pub mod discarded;
 pub mod durability;
 pub mod error;
 pub mod failover;

@@ -102,6 +102,21 @@ impl Bed {
         Bed::start_in(fault, instances, BedOptions { sized_volumes: true, ..BedOptions::default() }).await
     }
 
+    /// Like [`Bed::start_with`], with `spec.failover.dataDurability: durability` when given.
+    pub async fn start_with_durability(
+        fault: &str,
+        instances: usize,
+        store: Option<&str>,
+        durability: Option<DataDurability>,
+    ) -> Option<Bed> {
+        Bed::start_in(fault, instances, BedOptions { store, durability, ..BedOptions::default() }).await
+    }
+
+    /// Its instances' names (pods `NAME-0` …).
+    pub fn instance_names(&self) -> Vec<String> {
+        (0..self.instances).map(|ordinal| format!("{DATABASE}-{ordinal}")).collect()
+    }
+
     /// Like [`Bed::start`], with `spec.failover.dataDurability: durability`.
     pub async fn start_durable(fault: &str, instances: usize, durability: DataDurability) -> Option<Bed> {
         Bed::start_in(fault, instances, BedOptions { durability: Some(durability), ..BedOptions::default() }).await

@@ -86,7 +86,19 @@ fn throttle_server(pid: u32, action: &str) {
 #[tokio::test]
 async fn a_switchover_over_a_throttled_replication_link_loses_no_acknowledged_commit() {
     let fault = "switchover while the primary's replication link is throttled (20 packets/s)";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    switchover_over_a_throttled_link(fault, None).await;
+}
+
+/// Issue 38: the same under `required` durability (3 instances).
+#[tokio::test]
+async fn a_switchover_over_a_throttled_replication_link_under_required_durability_loses_no_commit() {
+    let fault =
+        "switchover while the primary's replication link is throttled (20 packets/s), required durability, 3 instances";
+    switchover_over_a_throttled_link(fault, Some(DataDurability::Required)).await;
+}
+
+async fn switchover_over_a_throttled_link(fault: &str, durability: Option<DataDurability>) {
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let primary = bed.primary().await;
     let target = bed.other_than(&primary);
     let agent = host::agent(bed.ns(), &primary).expect("the primary's agent runs on this machine");

@@ -81,6 +81,7 @@ mod tests {
             major_upgrade: None,
             owned_settings_reverted: None,
             waits_for: None,
+            discarded_on_rejoin: None,
             archiving: None,
         }
     }

@@ -155,6 +155,7 @@ fn instance_statuses(
                     .map(|report| report.pending_restart.iter().take(64).cloned().collect())
                     .unwrap_or_default(),
                 owned_settings_reverted: report.and_then(|report| report.owned_settings_reverted.clone()),
+                discarded_on_rejoin: report.and_then(|report| report.discarded_on_rejoin.clone()),
             }
         })
         .collect()

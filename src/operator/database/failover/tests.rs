@@ -33,6 +33,7 @@ fn primary_report() -> InstanceReport {
         major_upgrade: None,
         owned_settings_reverted: None,
         waits_for: None,
+        discarded_on_rejoin: None,
     }
 }
 
