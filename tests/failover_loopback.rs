@@ -113,6 +113,52 @@ async fn switchover_under_writes_loses_no_acknowledged_commit_and_the_old_primar
     cluster.shutdown().await;
 }
 
+/// Issue 38: a switchover to a standby that is behind (its WAL receiver stopped, as over a link too
+/// slow for the writes) stopped the primary at once and refused writes until the rest of the WAL
+/// had crawled over (63 s on the real node, a throttled link). The primary now keeps taking writes
+/// while the target catches up, and stops only once it is within a second of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_to_a_standby_behind_keeps_taking_writes_until_it_caught_up() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let mut cluster = Cluster::start(pg_bin, NAMES).await;
+    cluster.start_writer();
+    writes_for(&cluster, Duration::from_secs(1), 20).await;
+    let (old_port, new_port) = (cluster.port("db-0"), cluster.port("db-1"));
+    let receiver: i32 = cluster.scalar(new_port, "SELECT pid::text FROM pg_stat_wal_receiver").await.parse().unwrap();
+    dbservice_operator::instance::postgres::signal_server(receiver as u32, libc::SIGSTOP);
+    // The standby falls behind: its flush lag grows past a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let requested = Instant::now();
+    cluster.world.lock().unwrap().switchover_to = Some("db-1".into());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let on_the_old_primary = cluster
+        .acks
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, at, port)| *port == old_port && *at > requested + Duration::from_millis(2500))
+        .count();
+    dbservice_operator::instance::postgres::signal_server(receiver as u32, libc::SIGCONT);
+    assert!(
+        on_the_old_primary > 0,
+        "the primary stopped taking writes while its switchover target was behind\n{}",
+        cluster.diagnostics()
+    );
+    cluster.wait_primary("db-1", Duration::from_secs(30)).await;
+    let resumed = requested + Duration::from_secs(3);
+    let switched = first_commit_after(&cluster, resumed, new_port, "a commit on the new primary").await - resumed;
+    let (acknowledged, lost) = acknowledged_and_lost(&mut cluster, new_port).await;
+    assert!(lost.is_empty(), "acknowledged commits lost on switchover: {lost:?}");
+    eprintln!(
+        "FIGURES switchover to a standby behind: {on_the_old_primary} commits on the old primary while the target \
+         was stopped; first commit on the new primary {:.2} s after it resumed; {} acknowledged, 0 lost",
+        switched.as_secs_f64(),
+        acknowledged.len()
+    );
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_when_the_primary_pod_is_killed_and_the_old_primary_is_rewound() {
     let Some(pg_bin) = loopback::pg_bin() else { return };

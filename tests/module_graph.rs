@@ -45,17 +45,83 @@ fn modules() -> BTreeMap<String, String> {
     out
 }
 
-/// The code of a file that the binary runs: no comments, nothing after the first `#[cfg(test)]`.
+/// The code of a file that the binary runs: no comments, no string or character literals, and no
+/// item marked `#[cfg(test)]` (the module, function or `use` that follows the attribute, through
+/// its balanced braces or its `;`). What follows such an item is code again.
 fn running_code(text: &str) -> String {
-    let code = text.split("#[cfg(test)]").next().unwrap();
-    code.lines()
-        .map(|line| match line.find("//") {
-            // A `//` inside a string literal (a URL) is rare here and only hides text, never adds it.
-            Some(start) => &line[..start],
-            None => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::new();
+    let mut index = 0;
+    // Depth of braces inside a skipped test item, and whether its body began.
+    let mut skipping: Option<(usize, bool)> = None;
+    while index < chars.len() {
+        let rest: String = chars[index..chars.len().min(index + 12)].iter().collect();
+        if skipping.is_none() && rest.starts_with("#[cfg(test)]") {
+            skipping = Some((0, false));
+            index += "#[cfg(test)]".len();
+            continue;
+        }
+        let skipped = lexeme_length(&chars, index);
+        if skipped > 0 {
+            // A comment or a literal: never an import, and its braces do not count.
+            out.push(' ');
+            index += skipped;
+            continue;
+        }
+        let c = chars[index];
+        index += 1;
+        match (&mut skipping, c) {
+            (Some((depth, begun)), '{') => {
+                *depth += 1;
+                *begun = true;
+            }
+            (Some((depth, true)), '}') => {
+                *depth -= 1;
+                if *depth == 0 {
+                    skipping = None;
+                }
+            }
+            (Some((0, false)), ';') => skipping = None,
+            (Some(_), _) => {}
+            (None, c) => out.push(c),
+        }
+    }
+    out
+}
+
+/// The length of the comment, string or character literal starting at `index` (0 if none). A `//`
+/// comment ends before its newline; a lifetime (`'a`) is not a literal.
+fn lexeme_length(chars: &[char], index: usize) -> usize {
+    let at = |offset: usize| chars.get(index + offset).copied();
+    let until = |from: usize, end: &str| {
+        let end: Vec<char> = end.chars().collect();
+        (index + from..chars.len())
+            .find(|start| chars[*start..].starts_with(&end))
+            .map_or(chars.len() - index, |start| start + end.len() - index)
+    };
+    match (at(0), at(1), at(2)) {
+        (Some('/'), Some('/'), _) => until(2, "\n").saturating_sub(1).max(2),
+        (Some('/'), Some('*'), _) => until(2, "*/"),
+        (Some('r'), Some('"'), _) => until(2, "\""),
+        (Some('r'), Some('#'), _) => {
+            let hashes = chars[index + 1..].iter().take_while(|c| **c == '#').count();
+            let close = format!("\"{}", "#".repeat(hashes));
+            until(1 + hashes + 1, &close)
+        }
+        (Some('"'), _, _) => {
+            let mut offset = 1;
+            while let Some(c) = at(offset) {
+                offset += if c == '\\' { 2 } else { 1 };
+                if c == '"' {
+                    return offset;
+                }
+            }
+            offset
+        }
+        (Some('\''), Some('\\'), _) => until(3, "'"),
+        (Some('\''), Some(_), Some('\'')) => 3,
+        _ => 0,
+    }
 }
 
 /// The longest known module that `segments` starts with.
@@ -209,6 +275,19 @@ fn a_circle_is_found_when_there_is_one() {
 fn an_upward_import_is_found_and_a_downward_one_is_not() {
     let graph = graph_of(&[("api::names", "operator::caches"), ("operator::caches", "api::names")]);
     assert_eq!(upward_imports(&graph), [("api::names".to_string(), "operator::caches".to_string())]);
+}
+
+/// Issue 39: the scan read nothing after a file's first `#[cfg(test)]`, so the code after a test
+/// module (or a test-only function) was never checked.
+#[test]
+fn code_after_a_test_item_is_read_and_literals_hide_no_braces() {
+    let code = running_code(
+        "#[cfg(test)]\nmod tests { fn f() { let s = \"}\"; let c = '{'; } }\nuse crate::operator::caches;\n\
+         #[cfg(test)]\nuse crate::api::hidden;\nfn g<'a>(x: &'a str) { crate::store::base::go(r#\"}\"#) }",
+    );
+    assert!(code.contains("crate::operator::caches"), "{code}");
+    assert!(code.contains("crate::store::base::go"), "{code}");
+    assert!(!code.contains("hidden") && !code.contains("fn f"), "{code}");
 }
 
 #[test]

@@ -489,3 +489,52 @@ async fn archive_failures_turn_the_report_and_condition_false_and_nothing_is_los
     );
     cluster.shutdown().await;
 }
+
+/// Issue 38: with the object store unreachable, a promotion asked for five files and waited 3 s
+/// for each (15 s of a switchover). A standby's `wal-restore` remembers a store that did not answer
+/// (`--unanswered-mark`) and, for the next seconds, answers "not there" at once; after the window
+/// it asks again. Without `--standby` (a recovery, which must not skip the archive) it always asks.
+#[test]
+fn a_standby_remembers_a_store_that_did_not_answer_for_a_few_seconds() {
+    // A store that accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming() {
+            held.push(stream);
+        }
+    });
+    let work = tempfile::tempdir().unwrap();
+    let mark = work.path().join("unanswered");
+    let restore = |file: &str, standby: bool| {
+        let mut command = Command::new(BINARY);
+        command.arg("wal-restore").arg("--timeout-seconds=1").arg(format!("--unanswered-mark={}", mark.display()));
+        if standby {
+            command.arg("--standby");
+        }
+        let started = Instant::now();
+        let output = command
+            .args([file, work.path().join(file).to_str().unwrap()])
+            .envs(store_environment(&endpoint))
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{file} restored from a store that never answers");
+        (String::from_utf8_lossy(&output.stderr).into_owned(), started.elapsed())
+    };
+
+    let (message, took) = restore("000000010000000000000005", true);
+    assert!(took >= Duration::from_millis(900), "the first request took {took:?}: {message}");
+    assert!(mark.exists(), "the unanswered store is remembered: {message}");
+    let (message, took) = restore("00000002.history", true);
+    assert!(took < Duration::from_millis(500), "asked again within the window ({took:?}): {message}");
+    assert!(message.contains("did not answer"), "{message}");
+
+    let (message, took) = restore("00000002.history", false);
+    assert!(took >= Duration::from_millis(900), "a recovery skipped the archive ({took:?}): {message}");
+
+    let past = std::time::SystemTime::now() - Duration::from_secs(11);
+    std::fs::File::options().write(true).open(&mark).unwrap().set_modified(past).unwrap();
+    let (message, took) = restore("00000003.history", true);
+    assert!(took >= Duration::from_millis(900), "did not ask again after the window ({took:?}): {message}");
+}

@@ -112,6 +112,8 @@ pub struct Agent<C> {
     handing_over: bool,
     /// The commits this former primary last gave up when it rejoined (reported).
     discarded_on_rejoin: Option<DiscardedOnRejoin>,
+    /// The switchover target this primary waits for to catch up, and since when.
+    catching_up: Option<(String, Instant)>,
 }
 
 /// Longest wait of a promotion for the WAL up to the old primary's `releasedAtLsn` (the end of its
@@ -190,6 +192,7 @@ impl<C: ControlPlane> Agent<C> {
             upgrade: UpgradeKeeper::default(),
             handing_over: false,
             discarded_on_rejoin: None,
+            catching_up: None,
         }
     }
 
@@ -373,10 +376,16 @@ impl<C: ControlPlane> Agent<C> {
         match local {
             LocalState::Ready(sample) if !sample.in_recovery => {
                 self.shutdown_checkpoint = None;
-                if target_other {
-                    self.stop_and_release(true).await?;
-                } else {
+                if !target_other {
+                    self.catching_up = None;
                     self.hold_lease(Some(sample)).await;
+                } else if desired.switchover && !self.target_caught_up(desired).await {
+                    // Writes go on here while the target catches up; looked at every fast tick.
+                    self.handing_over = true;
+                    self.hold_lease(Some(sample)).await;
+                } else {
+                    self.catching_up = None;
+                    self.stop_and_release(true).await?;
                 }
             }
             LocalState::Ready(sample) => {
@@ -674,6 +683,44 @@ impl<C: ControlPlane> Agent<C> {
             self.slot.reset();
         }
         Ok(())
+    }
+
+    /// Whether a switchover's target is close enough for this primary to stop
+    /// ([`crate::instance::postgres::StandbyLag::caught_up`]). Until then writes go on here: a
+    /// switchover over a slow link (or to a standby far behind) stopped the primary at once and
+    /// refused writes until the rest of the WAL had crawled over (63 s, throttled link). Past half
+    /// the switchover timeout it also stops for a target whose flush lag still fits in half the
+    /// time left (one held a second or two behind by a steady flow of writes); a target that cannot
+    /// make it is never waited for with writes refused: this primary keeps going and the operator
+    /// gives the switchover up at its timeout.
+    async fn target_caught_up(&mut self, desired: &Desired) -> bool {
+        let Some(target) = desired.target_primary.clone() else { return true };
+        let since = match &self.catching_up {
+            Some((waited_for, since)) if *waited_for == target => *since,
+            _ => Instant::now(),
+        };
+        self.catching_up = Some((target.clone(), since));
+        let lag = match self.postgres.standby_lag(&target).await {
+            Ok(lag) => lag,
+            Err(error) => {
+                tracing::warn!(instance = %self.config.name, %error, "could not read the switchover target's lag: stopping");
+                return true;
+            }
+        };
+        if lag.is_some_and(|lag| lag.caught_up()) {
+            return true;
+        }
+        let waited = since.elapsed();
+        let left = desired.switchover_timeout.saturating_sub(waited);
+        let fits = lag.is_some_and(|lag| lag.behind_by() <= left / 2);
+        if waited >= desired.switchover_timeout / 2 && fits {
+            tracing::info!(instance = %self.config.name, %target, ?lag, ?waited, "switchover target a little behind: stopping, it gets the rest in time");
+            return true;
+        }
+        if waited < self.config.tick.min(HANDOVER_TICK) {
+            tracing::info!(instance = %self.config.name, %target, ?lag, "switchover: writes go on while the target catches up");
+        }
+        false
     }
 
     /// A primary that must step down: clean stop, then release the Lease with the end of its last

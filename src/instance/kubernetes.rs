@@ -45,6 +45,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         upstream,
         fenced: fenced.iter().any(|name| name == me),
         switchover: status.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover),
+        switchover_timeout: crate::api::failover::FailoverSettings::default().switchover_timeout,
         synchronous: None,
         instances: Vec::new(),
         configuration: None,
@@ -204,6 +205,7 @@ impl ControlPlane for KubeControlPlane {
         let status = database.status.as_ref().map(|status| status.failover.clone()).unwrap_or_default();
         let mut desired = desired_from(&status, &fenced_instances(&database), &self.pod, &self.domain, self.port);
         desired.synchronous = Some(synchronous_for(&database, &self.pod));
+        desired.switchover_timeout = database.spec.failover_settings().switchover_timeout;
         desired.instances = instance_names(&database);
         desired.configuration = Some(ServerConfiguration {
             parameters: database.spec.parameters(),
@@ -332,6 +334,7 @@ mod tests {
                 upstream: None,
                 fenced: true,
                 switchover: false,
+                switchover_timeout: std::time::Duration::from_secs(30),
                 synchronous: None,
                 instances: Vec::new(),
                 configuration: None,

@@ -150,6 +150,9 @@ pub struct Desired {
     /// primary has released the Lease with a position the target has received (never on expiry,
     /// never with a gap), so that it loses no acknowledged commit.
     pub switchover: bool,
+    /// `spec.failover.switchoverTimeoutSeconds`: the operator gives a switchover up after it (an
+    /// old primary waits for its target to catch up within it, see `Agent::target_caught_up`).
+    pub switchover_timeout: std::time::Duration,
     /// The `synchronous_standby_names` this instance keeps should it be primary; None when
     /// unknown (the API is unreachable): the current value stays.
     pub synchronous: Option<SynchronousStandbys>,

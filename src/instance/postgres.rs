@@ -460,6 +460,28 @@ impl Postgres {
         self.bounded(async |client| client.query_one(query, &[]).await?.try_get(0)).await
     }
 
+    /// How far standby `name` is behind this primary, if it streams: bytes of WAL it has not
+    /// flushed, and how long ago this server flushed the WAL it last confirmed (`flush_lag`, None
+    /// once it has confirmed everything). Bounded by the health timeout.
+    pub async fn standby_lag(&mut self, name: &str) -> Result<Option<StandbyLag>, PostgresError> {
+        let query = "SELECT (pg_catalog.pg_current_wal_lsn() - flush_lsn)::bigint, \
+                            pg_catalog.date_part('epoch', flush_lag)::float8, \
+                            pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() - reply_time)::float8 \
+                     FROM pg_catalog.pg_stat_replication WHERE application_name = $1 AND state = 'streaming'";
+        let rows = self.bounded(async |client| client.query(query, &[&name]).await).await?;
+        let Some(row) = rows.first() else { return Ok(None) };
+        let bytes: Option<i64> = row.try_get(0)?;
+        let seconds = |column: usize| -> Result<Option<Duration>, PostgresError> {
+            let seconds: Option<f64> = row.try_get(column)?;
+            Ok(seconds.map(|seconds| Duration::from_secs_f64(seconds.clamp(0.0, 1e9))))
+        };
+        Ok(Some(StandbyLag {
+            bytes: bytes.map_or(u64::MAX, |bytes| u64::try_from(bytes).unwrap_or(0)),
+            flush_lag: seconds(1)?,
+            last_reply: seconds(2)?,
+        }))
+    }
+
     /// What a primary sees of its standbys `members` (see [`crate::instance::durability`]),
     /// bounded by the health timeout.
     pub async fn standbys_seen(
@@ -558,6 +580,41 @@ impl Postgres {
         }
     }
 }
+
+/// How far a streaming standby is behind its primary (see [`Postgres::standby_lag`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StandbyLag {
+    /// WAL it has not flushed.
+    pub bytes: u64,
+    /// How long ago the primary flushed what it last confirmed; None when it confirmed everything.
+    /// As old as its last reply.
+    pub flush_lag: Option<Duration>,
+    /// How long ago it last replied (None: never).
+    pub last_reply: Option<Duration>,
+}
+
+impl StandbyLag {
+    /// Close enough for a switchover to stop its primary: what is left reaches it within about
+    /// [`SWITCHOVER_CATCH_UP`] (measured by its own flush lag, so a slow link counts) and is at
+    /// most [`SWITCHOVER_CATCH_UP_BYTES`]; with WAL outstanding, its flush lag must be fresh (a
+    /// standby that stopped replying keeps the flush lag of its last reply).
+    pub fn caught_up(&self) -> bool {
+        let fresh = self.bytes == 0 || self.last_reply.is_some_and(|age| age < SWITCHOVER_CATCH_UP);
+        fresh && self.bytes <= SWITCHOVER_CATCH_UP_BYTES && self.flush_lag.is_none_or(|lag| lag < SWITCHOVER_CATCH_UP)
+    }
+
+    /// How long the WAL outstanding takes to reach it, as far as it tells: its flush lag, or how
+    /// long it has been silent with WAL outstanding, whichever is longer.
+    pub fn behind_by(&self) -> Duration {
+        let silent = if self.bytes == 0 { Duration::ZERO } else { self.last_reply.unwrap_or(Duration::MAX) };
+        self.flush_lag.unwrap_or_default().max(silent)
+    }
+}
+
+/// See [`StandbyLag::caught_up`].
+pub const SWITCHOVER_CATCH_UP: Duration = Duration::from_secs(1);
+/// See [`StandbyLag::caught_up`].
+pub const SWITCHOVER_CATCH_UP_BYTES: u64 = 16 * 1024 * 1024;
 
 /// How often [`Postgres::stop_writes`] looks at pg_control.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
@@ -679,6 +736,23 @@ mod tests {
         let failed = Err(PostgresError::Answer("pg_promote returned false".into()));
         let (outcome, keep_session) = settle_promotion(failed, None::<Result<(), &str>>);
         assert!(outcome.is_err() && !keep_session);
+    }
+
+    #[test]
+    fn a_switchover_target_is_caught_up_when_its_fresh_flush_lag_is_short() {
+        let second = Duration::from_secs(1);
+        let lag = |bytes, flush_lag: Option<f64>, last_reply: Option<f64>| StandbyLag {
+            bytes,
+            flush_lag: flush_lag.map(Duration::from_secs_f64),
+            last_reply: last_reply.map(Duration::from_secs_f64),
+        };
+        assert!(lag(0, None, Some(9.0)).caught_up(), "idle and confirmed: replies are rare");
+        assert!(lag(8_000, Some(0.02), Some(0.05)).caught_up(), "streaming under writes");
+        assert!(!lag(8_000, None, Some(3.0)).caught_up(), "silent with WAL outstanding: its flush lag is stale");
+        assert!(!lag(8_000, Some(25.0), Some(0.1)).caught_up(), "a slow link: 25 s of WAL on the way");
+        assert!(!lag(64 << 20, Some(0.5), Some(0.1)).caught_up(), "too many bytes");
+        assert_eq!(lag(8_000, Some(0.5), Some(3.0)).behind_by(), 3 * second);
+        assert_eq!(lag(0, Some(0.5), None).behind_by(), Duration::from_millis(500));
     }
 
     #[test]

@@ -333,6 +333,7 @@ pub fn restore_args(
             secret_access_key_file: Some(credentials_directory.join("secretAccessKey")),
             ca_file: source.ca_secret.as_ref().map(|_| ca_directory.join(CA_FILE)),
             timeout_seconds: 60,
+            connect_timeout_seconds: None,
             addressing: crate::store::client::Addressing::Path,
             compression: crate::store::compression::Compression::Zstd,
         },

@@ -72,8 +72,10 @@ pub fn config(
 /// not listed; the real-node test `shadows` plants a shadow of each in the application's schema.
 pub const PRIVILEGED_SQL_FUNCTIONS: &[&str] = &[
     "age",
+    "clock_timestamp",
     "count",
     "current_setting",
+    "date_part",
     "format",
     "has_function_privilege",
     "max",

@@ -51,6 +51,9 @@ pub struct StoreSettings {
     pub ca_file: Option<std::path::PathBuf>,
     /// Bound of every request, body included.
     pub timeout: Duration,
+    /// Bound of opening a connection (None: `timeout`; never more than it): a store that does not
+    /// accept connections is known sooner than one that is slow to answer.
+    pub connect_timeout: Option<Duration>,
     /// URL form.
     pub addressing: Addressing,
 }
@@ -201,7 +204,7 @@ impl S3Client {
         let base_url = format!("{scheme}://{host}");
         let mut connector = HttpConnector::new();
         connector.enforce_http(false);
-        connector.set_connect_timeout(Some(settings.timeout));
+        connector.set_connect_timeout(Some(settings.connect_timeout.unwrap_or(settings.timeout).min(settings.timeout)));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls_config(settings.ca_file.as_deref())?)
             .https_or_http()

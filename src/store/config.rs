@@ -47,6 +47,9 @@ pub struct StoreArgs {
     /// Bound of each request in seconds, body included.
     #[arg(long, env = "DBSERVICE_S3_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout_seconds: u64,
+    /// Bound of opening a connection in seconds (default: the request's bound).
+    #[arg(long, env = "DBSERVICE_S3_CONNECT_TIMEOUT_SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub connect_timeout_seconds: Option<u64>,
     /// URL form: `path` (S3-compatible servers) or `virtual-host` (AWS).
     #[arg(long, env = "DBSERVICE_S3_ADDRESSING", value_enum, default_value = "path")]
     pub addressing: Addressing,
@@ -127,6 +130,7 @@ impl StoreArgs {
             access_key,
             ca_file: self.ca_file.as_deref().map(Path::to_path_buf),
             timeout: Duration::from_secs(self.timeout_seconds),
+            connect_timeout: self.connect_timeout_seconds.map(Duration::from_secs),
             addressing: self.addressing,
         })?;
         Ok((client, layout))
@@ -146,6 +150,9 @@ impl StoreArgs {
             format!("--region={}", self.region),
             format!("--timeout-seconds={}", self.timeout_seconds),
         ];
+        if let Some(seconds) = self.connect_timeout_seconds {
+            flags.push(format!("--connect-timeout-seconds={seconds}"));
+        }
         if let Some(addressing) = clap::ValueEnum::to_possible_value(&self.addressing) {
             flags.push(format!("--addressing={}", addressing.get_name()));
         }
@@ -187,6 +194,11 @@ pub struct WalRestoreArgs {
     /// from its primary), not a failed recovery.
     #[arg(long)]
     pub standby: bool,
+    /// With `--standby`: a file that remembers when the store last did not answer; within
+    /// [`crate::store::wal::UNANSWERED_WINDOW`] of that, the file is "not there" at once instead of
+    /// after another timeout (a promotion asks for up to five files, and waited 3 s for each).
+    #[arg(long, value_name = "PATH")]
+    pub unanswered_mark: Option<PathBuf>,
     /// Object store settings.
     #[command(flatten)]
     pub store: StoreArgs,

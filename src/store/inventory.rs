@@ -113,6 +113,7 @@ pub async fn connect(
         access_key,
         ca_file: ca_file.clone(),
         timeout: Duration::from_secs(30),
+        connect_timeout: None,
         addressing: Addressing::Path,
     });
     if let Some(path) = ca_file {

@@ -175,6 +175,13 @@ pub enum WalRestoreError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A standby's: the store did not answer a moment ago (see `--unanswered-mark`), so the file
+    /// is taken for not there without asking again.
+    #[error("the object store did not answer {seconds_ago}s ago: taken as not in the archive without asking again")]
+    Unanswered {
+        /// Seconds since it did not answer.
+        seconds_ago: u64,
+    },
     /// Decompression failed.
     #[error(transparent)]
     Decompress(#[from] CompressionError),
@@ -285,11 +292,42 @@ async fn later_segment(
 /// `dbservice-operator wal-restore %f %p`.
 pub async fn restore_command(args: WalRestoreArgs) -> Result<(), WalRestoreError> {
     let name = WalFileName::parse(&args.file_name)?;
+    let mark = args.unanswered_mark.as_deref().filter(|_| args.standby);
+    if let Some(ago) = mark.and_then(recently_unanswered) {
+        return Err(WalRestoreError::Unanswered { seconds_ago: ago.as_secs() });
+    }
+    let outcome = restore_or_gap(&args, &name).await;
+    if let Some(mark) = mark {
+        remember_answer(mark, &outcome);
+    }
+    outcome
+}
+
+/// How long a standby's `wal-restore` takes an unanswered store for "not there" without asking.
+pub const UNANSWERED_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long ago the store last did not answer, if within [`UNANSWERED_WINDOW`] (the mark's
+/// modification time).
+pub fn recently_unanswered(mark: &Path) -> Option<std::time::Duration> {
+    let modified = std::fs::metadata(mark).ok()?.modified().ok()?;
+    let ago = std::time::SystemTime::now().duration_since(modified).unwrap_or_default();
+    (ago < UNANSWERED_WINDOW).then_some(ago)
+}
+
+/// Writes the mark when the store did not answer (a timeout or a failed connection), removes it
+/// when it did (a file, or an answer that it is not there).
+pub fn remember_answer(mark: &Path, outcome: &Result<(), WalRestoreError>) {
+    let unanswered =
+        matches!(outcome, Err(WalRestoreError::Store(StoreError::Timeout { .. } | StoreError::Transport { .. })));
+    let _ = if unanswered { std::fs::write(mark, b"") } else { std::fs::remove_file(mark) };
+}
+
+async fn restore_or_gap(args: &WalRestoreArgs, name: &WalFileName) -> Result<(), WalRestoreError> {
     let (client, layout) = args.store.connect()?;
-    let key = layout.wal_key(&name, args.store.compression);
+    let key = layout.wal_key(name, args.store.compression);
     match restore_file(&client, &key, &args.destination, args.store.compression).await {
         Err(WalRestoreError::NotFound { key }) if name.kind() == WalFileKind::Segment => {
-            match later_segment(&client, &layout, &name).await? {
+            match later_segment(&client, &layout, name).await? {
                 Some(later) => Err(WalRestoreError::Gap { missing: name.as_str().to_string(), later }),
                 None => Err(WalRestoreError::NotFound { key }),
             }
@@ -353,5 +391,26 @@ mod tests {
         let names: Vec<_> =
             std::fs::read_dir(directory.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("RECOVERYXLOG")]);
+    }
+
+    #[test]
+    fn the_unanswered_mark_is_written_on_no_answer_and_removed_on_an_answer() {
+        let directory = tempfile::tempdir().unwrap();
+        let mark = directory.path().join("unanswered");
+        let timeout =
+            Err(WalRestoreError::Store(StoreError::Timeout { operation: "GetObject", key: "k".into(), seconds: 3 }));
+        remember_answer(&mark, &timeout);
+        assert!(recently_unanswered(&mark).is_some_and(|ago| ago < UNANSWERED_WINDOW));
+        remember_answer(&mark, &Err(WalRestoreError::NotFound { key: "k".into() }));
+        assert!(!mark.exists() && recently_unanswered(&mark).is_none(), "an answer, even 'not there', clears it");
+        let refused = Err(WalRestoreError::Store(StoreError::Transport {
+            operation: "GetObject",
+            key: "k".into(),
+            message: "connection refused".into(),
+        }));
+        remember_answer(&mark, &refused);
+        assert!(mark.exists());
+        remember_answer(&mark, &Ok(()));
+        assert!(!mark.exists());
     }
 }

@@ -217,11 +217,14 @@ pub(crate) async fn figures(
     })
     .await;
     let first_failure = log.iter().find(|attempt| attempt.at >= failed_at && !attempt.acknowledged).copied();
-    let rto = match first_failure {
-        None => 0.0,
+    // RTO counts from the fault; a switchover's target counts the writes refused (from the first
+    // refused attempt), since writes go on while its target catches up.
+    let (rto, refused) = match first_failure {
+        None => (0.0, 0.0),
         Some(failure) => {
-            log.iter().find(|attempt| attempt.acknowledged && attempt.at > failure.at).expect("a commit after").at
-                - failed_at
+            let back =
+                log.iter().find(|attempt| attempt.acknowledged && attempt.at > failure.at).expect("a commit after").at;
+            (back - failed_at, back - failure.at)
         }
     };
     let acknowledged: Vec<i64> =
@@ -236,7 +239,7 @@ pub(crate) async fn figures(
     let failed = log.iter().filter(|attempt| !attempt.acknowledged && attempt.at >= failed_at).count();
     eprintln!(
         "[figure] {scenario}: RTO {rto:.2} s (failure to the first acknowledged commit after the outage), \
-         {lost} of {} acknowledged commits lost, {failed} failed attempts",
+         writes refused {refused:.2} s, {lost} of {} acknowledged commits lost, {failed} failed attempts",
         acknowledged.len()
     );
     (rto, lost)

@@ -130,6 +130,8 @@ pub struct World {
     pub switchover_to: Option<String>,
     /// spec.failover.synchronousStandbys.
     pub synchronous_standbys: u32,
+    /// spec.failover.switchoverTimeoutSeconds, as the agents see it.
+    pub switchover_timeout: Duration,
     /// Every distinct operator action, with when it was decided.
     pub actions: Vec<(Instant, Action)>,
     pub lease_writes: u64,
@@ -193,6 +195,7 @@ impl ControlPlane for MemoryControlPlane {
                 .transition
                 .as_ref()
                 .is_some_and(|transition| transition.kind == TransitionKind::Switchover),
+            switchover_timeout: world.switchover_timeout,
             synchronous: Some(SynchronousStandbys::Fixed(synchronous)),
             instances,
             configuration: world.configuration.clone(),
@@ -433,7 +436,11 @@ impl Cluster {
             renew_period: Duration::from_secs(1),
         };
         timings.validate().unwrap();
-        let mut world = World { synchronous_standbys: settings.synchronous_standbys, ..Default::default() };
+        let mut world = World {
+            synchronous_standbys: settings.synchronous_standbys,
+            switchover_timeout: settings.switchover_timeout,
+            ..Default::default()
+        };
         let mut configs = BTreeMap::new();
         for name in names {
             let base = dir.path().join(name);
@@ -629,13 +636,19 @@ impl Cluster {
             let mut next_id = 1i64;
             let mut client: Option<(u16, tokio_postgres::Client)> = None;
             while !*stopped.borrow() {
+                // Service NAME as the operator labels it: the settled primary, and during a
+                // switchover the old one until the target's promotion is seen.
                 let port = {
                     let world = world.lock().unwrap();
                     let status = &world.status;
+                    let switching_over = status
+                        .transition
+                        .as_ref()
+                        .is_some_and(|transition| transition.kind == TransitionKind::Switchover);
                     status
                         .current_primary
                         .as_ref()
-                        .filter(|current| status.target_primary.as_ref() == Some(*current))
+                        .filter(|current| switching_over || status.target_primary.as_ref() == Some(*current))
                         .map(|current| world.ports[current])
                 };
                 let Some(port) = port else {

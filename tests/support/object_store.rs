@@ -164,6 +164,7 @@ impl Store {
             access_key: AccessKey { id: "test-key".into(), secret: "test-secret".into() },
             ca_file: None,
             timeout: Duration::from_secs(20),
+            connect_timeout: None,
             addressing: Addressing::Path,
         })
         .unwrap();

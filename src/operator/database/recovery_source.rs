@@ -159,6 +159,7 @@ impl KubeStoreReader {
             access_key,
             ca_file: None,
             timeout: STORE_CHECK_TIMEOUT,
+            connect_timeout: None,
             addressing: Addressing::Path,
         })
         .map_err(|error| error.to_string())?;

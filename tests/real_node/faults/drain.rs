@@ -98,3 +98,48 @@ async fn a_drain_of_the_primarys_node_switches_over_before_the_primary_is_evicte
     .await;
     assert_eq!(returned, SECOND_NODE);
 }
+
+/// Evicts `pod` as a drain does (the Eviction subresource, which the budgets guard).
+async fn evict(bed: &Bed, pod: &str) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), bed.ns());
+    pods.evict(pod, &kube::api::EvictParams::default()).await.map(drop)
+}
+
+fn refused_by_budget(result: &Result<(), kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(status)) if status.code == 429)
+}
+
+/// Issue 39: the standbys' budget (`NAME-standbys`, minAvailable standbys − 1) lets one standby go
+/// at a time, on real pods that take seconds to come back (under kwok a re-created pod is ready at
+/// once, so a second eviction went through there): the second standby's eviction is refused while
+/// the first is away, and allowed once it streams again. The primary's is refused throughout.
+#[tokio::test]
+async fn the_standbys_budget_lets_one_standby_go_at_a_time() {
+    let fault = "standby evictions, 3 instances: one at a time";
+    let Some(bed) = Bed::start(fault, 3).await else { return };
+    let primary = bed.primary().await;
+    let standbys: Vec<String> = bed.instance_names().into_iter().filter(|name| *name != primary).collect();
+    let budgets: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(bed.client.clone(), bed.ns());
+    let standbys_budget = format!("{DATABASE}-standbys");
+    let one_may_go = || async {
+        let status = budgets.get(&standbys_budget).await.ok()?.status?;
+        ((status.expected_pods, status.disruptions_allowed) == (Some(2), Some(1))).then_some(())
+    };
+    eventually("the standbys' budget to count two standbys, one of which may go", Duration::from_secs(60), one_may_go)
+        .await;
+
+    evict(&bed, &standbys[0]).await.expect("one standby may be evicted");
+    let second = evict(&bed, &standbys[1]).await;
+    assert!(refused_by_budget(&second), "a second standby was evicted while the first was away: {second:?}");
+    let primary_evicted = evict(&bed, &primary).await;
+    assert!(refused_by_budget(&primary_evicted), "the primary was evicted: {primary_evicted:?}");
+
+    // The first one back and streaming: the second may go now.
+    bed.primary().await;
+    eventually("the standbys' budget to let one go again", SETTLE_TIMEOUT, one_may_go).await;
+    evict(&bed, &standbys[1]).await.expect("with the first standby back, the second may be evicted");
+    let after = bed.primary().await;
+    assert_eq!(after, primary, "evicting standbys moved the primary");
+    let outcome = bed.conclude(fault, epoch_now(), bed.last_id()).await;
+    assert_eq!(outcome.lost, 0, "standby evictions lost acknowledged commits: {outcome:?}");
+}

@@ -36,10 +36,15 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
         plain_env("DBSERVICE_S3_SECRET_ACCESS_KEY_FILE", format!("{CREDENTIALS_DIRECTORY}/secretAccessKey")),
         plain_env("DBSERVICE_ARCHIVE_COMMAND", format!("{AGENT_DIRECTORY}/dbservice-operator wal-archive %p %f")),
         // Short requests: a standby falls back to streaming, and a promotion that reads the
-        // archive's timeline history must not wait a minute for an unreachable store.
+        // archive's timeline history must not wait a minute for an unreachable store. A store that
+        // did not answer is remembered for a few seconds: a promotion asks for up to five files
+        // and, with the store unreachable, waited 3 s for each (15 s of a switchover).
         plain_env(
             crate::api::pod::STANDBY_RESTORE_COMMAND_VARIABLE,
-            format!("{AGENT_DIRECTORY}/dbservice-operator wal-restore --standby --timeout-seconds=3 %f %p"),
+            format!(
+                "{AGENT_DIRECTORY}/dbservice-operator wal-restore --standby --timeout-seconds=3 \
+                 --connect-timeout-seconds=1 --unanswered-mark={STORE_UNANSWERED_MARK} %f %p"
+            ),
         ),
         plain_env(
             "DBSERVICE_ARCHIVE_TIMEOUT_SECONDS",
@@ -51,6 +56,10 @@ pub fn archive_environment(database: &DatabaseService) -> Vec<EnvVar> {
     }
     environment
 }
+
+/// Where a standby's `wal-restore` remembers that the store did not answer (the socket directory,
+/// an emptyDir the server's user writes; not the data directory, which clones copy).
+pub const STORE_UNANSWERED_MARK: &str = "/var/run/postgresql/dbservice-store-unanswered";
 
 /// Adds archiving to a pod whose first container runs PostgreSQL and has the binary at
 /// [`AGENT_DIRECTORY`]: the store's CA volume and mount, and the environment. Nothing changes

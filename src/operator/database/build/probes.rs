@@ -21,9 +21,9 @@ fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> 
             command: Some(vec![
                 "/bin/sh".into(),
                 "-c".into(),
-                // 127.0.0.1 is not among the certificate's names: the probe asks for TLS without
-                // verifying it (the pod's PGSSLMODE is verify-full), it only checks that the server answers.
-                format!("PGSSLMODE=prefer exec pg_isready -h 127.0.0.1 -p {POSTGRES_PORT} -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\""),
+                // Through the Unix socket: over TCP the superuser is refused by pg_hba.conf (issue
+                // 37), and each probe left two FATAL lines in the server's log (issue 39).
+                format!("exec pg_isready -h /var/run/postgresql -p {POSTGRES_PORT} -U \"$POSTGRES_USER\" -d \"$POSTGRES_DB\""),
             ]),
         }),
         initial_delay_seconds: Some(initial_delay),
