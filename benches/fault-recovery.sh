@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 38's recovery targets, measured: runs the real-node failover test and the faults that end
-# in a primary change RUNS times (default 3), collects each `[figure] <scenario>: RTO <s>` line (the
-# time from the fault to the first commit acknowledged through Service NAME after the outage), and
-# prints every run beside its target. Exits 1 if any run missed its target, 2 if a scenario
-# produced no figure (a test that failed before measuring). Needs the real node: `make cluster-up
-# && make image` first.
+# in a primary change RUNS times (default 3), collects each `[figure] <scenario>: RTO <s> ...
+# writes refused <s>` line (RTO: from the fault to the first commit acknowledged through Service
+# NAME after the outage; writes refused: from the first refused attempt to that commit, a
+# switchover's measure), and prints every run beside its target. Exits 1 if any run missed its
+# target, 2 if a scenario produced no figure (a test that failed before measuring). Needs the real
+# node: `make cluster-up && make image` first. The tests are built once and the image is pinned
+# (DBSERVICE_OPERATOR_IMAGE, default the tree's), so the tree may change during the runs.
 #   benches/fault-recovery.sh [runs]
 set -euo pipefail
 runs="${1:-3}"
@@ -13,23 +15,31 @@ cd "$root"
 export KUBECONFIG="$root/.cluster/kubeconfig" DBSERVICE_E2E=1 CI=true PATH="$root/.cluster/bin:$PATH"
 log="$(mktemp /tmp/fault-recovery.XXXXXX)"
 output="${log}.output"
-tests=(
-  failover_switchover_and_fencing_keep_one_primary_under_a_writer
+# One build for every run, and the image of the tree as it is now: the tree may change meanwhile.
+DBSERVICE_OPERATOR_IMAGE="$(tests/cluster/images.sh name)"
+export DBSERVICE_OPERATOR_IMAGE
+binary="$(cargo test --quiet --test real_node --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "real_node"][0])')"
+echo "image $DBSERVICE_OPERATOR_IMAGE, tests $binary" >&2
+# The tests to run (DBSERVICE_BENCH_TESTS, words, to run fewer): the failover test and every fault
+# that ends in a change of primary.
+# shellcheck disable=SC2206 # a list of words
+tests=(${DBSERVICE_BENCH_TESTS:-failover_switchover_and_fencing_keep_one_primary_under_a_writer
   faults::stalls::a_primary_stalled_until_fenced
   faults::stalls::the_primary_agent_stopped
   faults::network::
-  faults::store::
-)
+  faults::store::})
 for run in $(seq "$runs"); do
-  echo "run $run of $runs: cargo test --test real_node -- ${tests[*]}" >&2
+  echo "run $run of $runs: real_node ${tests[*]}" >&2
   # A failed test still counts its figures: a missing one is reported below. The whole output is
   # kept: a failed assertion is read there.
-  flock /tmp/dbservice-e2e.lock cargo test --quiet --test real_node -- "${tests[@]}" --nocapture 2>&1 |
+  flock /tmp/dbservice-e2e.lock "$binary" "${tests[@]}" --nocapture 2>&1 |
     tee -a "$output" |
     sed -n "s/^.*\[figure\] \(.*\): RTO \([0-9.]*\) s.*writes refused \([0-9.]*\) s.*$/$run\t\1\t\2\t\3/p" >>"$log" || true
   echo "run $run: $(grep -c '^test .* FAILED$' "$output" || true) failed tests so far (output: $output)" >&2
 done
-python3 - "$log" "$runs" <<'EOF'
+subset="${DBSERVICE_BENCH_TESTS:+subset}"
+python3 - "$log" "$runs" "${subset:-all}" <<'EOF'
 import sys
 from collections import defaultdict
 
@@ -51,7 +61,7 @@ TARGETS = [
     ("primary's agent alone stopped", 15.0, "rto"),
     ("primary cut off from the API server", 15.0, "rto"),
 ]
-path, runs = sys.argv[1], int(sys.argv[2])
+path, runs, subset = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "subset"
 figures = defaultdict(list)
 rule = lambda scenario: next(((seconds, measure) for prefix, seconds, measure in TARGETS if scenario.startswith(prefix)), (None, "rto"))
 for line in open(path):
@@ -70,7 +80,7 @@ for scenario in sorted(figures):
     shown = "-" if target is None else f"{target:.0f} s"
     print(f"{scenario:<96} {shown:>7} {measure:>8}  {', '.join(f'{value:.1f}' for value in values)}  {verdict}")
 for prefix, target, _ in TARGETS:
-    if target is None:
+    if target is None or subset:
         continue
     count = sum(len(values) for scenario, values in figures.items() if scenario.startswith(prefix))
     if count < runs:

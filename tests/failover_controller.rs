@@ -257,7 +257,7 @@ fn a_promoted_target_becomes_the_labelled_primary_with_a_timed_ledger_entry() {
 }
 
 /// Issue 38: a switchover's old primary takes writes until its agent stops it, so it keeps the
-/// primary label (Service NAME) until the target's promotion is seen; a failover's does not.
+/// primary label (Service NAME) while it reports a server that answers; a failover's does not.
 #[test]
 fn a_switchover_keeps_the_old_primary_labelled_until_the_target_is_promoted_and_a_failover_does_not() {
     let old = pod("db-0", true, Some(report(Role::Primary, true, false, 1)));
@@ -268,11 +268,13 @@ fn a_switchover_keeps_the_old_primary_labelled_until_the_target_is_promoted_and_
     assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"), "the switchover goes on");
     assert_eq!(outcome.primary.as_deref(), Some("db-0"));
 
-    // Stopped, Lease released, the target not promoted yet: still db-0 (it refuses connections).
-    let stopped = pod("db-0", false, Some(report(Role::Primary, false, false, 1)));
-    let (outcome, _, _) =
+    // Its agent reports the stop: off Service db at once, before the target's promotion is seen
+    // (kube-proxy would apply the swap of both labels a second late).
+    let stopped = pod("db-0", true, Some(report(Role::Primary, false, false, 1)));
+    let (outcome, status, _) =
         run(changing(TransitionKind::Switchover, "db-1"), vec![stopped.clone(), target.clone()], None);
-    assert_eq!(outcome.primary.as_deref(), Some("db-0"));
+    assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"), "the switchover goes on");
+    assert_eq!(outcome.primary, None);
 
     let (outcome, status, _) = run(changing(TransitionKind::Failover, "db-1"), vec![stopped, target], None);
     assert_eq!(status.failover.target_primary.as_deref(), Some("db-1"));

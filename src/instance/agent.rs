@@ -361,6 +361,10 @@ impl<C: ControlPlane> Agent<C> {
             let promoted = self.observe().await;
             return self.publish(&promoted).await;
         }
+        if matches!(local, LocalState::Ready(_)) && !self.postgres.is_running() {
+            // Stopped in this step (a primary stepping down): its sample is from before.
+            return self.publish(&LocalState::Down).await;
+        }
         self.publish(&local).await
     }
 
@@ -773,6 +777,10 @@ impl<C: ControlPlane> Agent<C> {
         // held it until the fence watchdog killed the server, 24 s); the WAL senders go on sending
         // the last WAL, which the successor waits for.
         let released = self.release_lease(released).await;
+        // Said now, not after the exit: the operator takes Service NAME off this server at once.
+        if let Err(error) = self.publish(&LocalState::Down).await {
+            tracing::warn!(instance = %self.config.name, %error, "could not publish the stop");
+        }
         self.postgres.finish_stop(grace).await;
         released
     }

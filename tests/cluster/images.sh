@@ -40,6 +40,8 @@ operator_tag() {
     -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
 }
 OPERATOR_IMAGE="localhost/dbservice-operator:dev-$(operator_tag 2>/dev/null || echo unknown)"
+# A run that must keep one image while the tree changes under it (benches/fault-recovery.sh) pins it.
+OPERATOR_IMAGE="${DBSERVICE_OPERATOR_IMAGE:-$OPERATOR_IMAGE}"
 
 [ "${IMAGES_ONLY_VARIABLES:-0}" = 1 ] && return 0
 

@@ -400,4 +400,12 @@ async fn failover_switchover_and_fencing_keep_one_primary_under_a_writer() {
     let events = kubectl(&["-n", ns, "get", "events", "-o", "json"]);
     assert!(events.contains("SwitchoverCompleted") && events.contains("FailoverCompleted"));
     let _ = pods.delete(WRITER, &DeleteParams::default()).await;
+
+    // Issue 39: minutes of running left no refused login in the servers' logs (the readiness
+    // probe's logins as the superuser over TCP were refused every 10 s, two FATAL lines each).
+    for instance in [format!("{DATABASE}-0"), format!("{DATABASE}-1")] {
+        let log = kubectl(&["-n", ns, "logs", &instance, "-c", "postgres"]);
+        let refused: Vec<&str> = log.lines().filter(|line| line.contains("FATAL:  pg_hba.conf rejects")).collect();
+        assert!(refused.is_empty(), "{instance} refused logins: {:?}", &refused[..refused.len().min(3)]);
+    }
 }

@@ -6,6 +6,7 @@ use super::Bed;
 use crate::failover::{epoch_now, ledger_entries, DATABASE};
 use crate::support::{admin_kubeconfig, eventually, tool};
 use dbservice_operator::api::names::{MANAGED_BY, MANAGED_BY_LABEL};
+use dbservice_operator::api::synchronous::DataDurability;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -36,8 +37,18 @@ fn assert_nothing_moved(bed_namespace: &str, fault: &str, outcome: &super::Outco
 
 #[tokio::test]
 async fn a_primary_whose_managed_by_label_is_removed_stays_primary_and_gets_it_back() {
-    let fault = "managed-by label removed from the primary's pod";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    label_removed("managed-by label removed from the primary's pod", None).await;
+}
+
+/// Issue 38: the same under `required` durability (3 instances).
+#[tokio::test]
+async fn a_primary_whose_managed_by_label_is_removed_under_required_durability_stays_primary() {
+    let fault = "managed-by label removed from the primary's pod, required durability, 3 instances";
+    label_removed(fault, Some(DataDurability::Required)).await;
+}
+
+async fn label_removed(fault: &str, durability: Option<DataDurability>) {
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let pods: Api<Pod> = Api::namespaced(bed.client.clone(), bed.ns());
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
@@ -55,15 +66,28 @@ async fn a_primary_whose_managed_by_label_is_removed_stays_primary_and_gets_it_b
 
 #[tokio::test]
 async fn a_lost_status_keeps_the_primary_that_holds_the_lease() {
-    let fault = "the DatabaseService's status wiped";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    status_wiped("the DatabaseService's status wiped", None).await;
+}
+
+/// Issue 38: the same under `required` durability (3 instances).
+#[tokio::test]
+async fn a_lost_status_under_required_durability_keeps_the_primary_that_holds_the_lease() {
+    status_wiped(
+        "the DatabaseService's status wiped, required durability, 3 instances",
+        Some(DataDurability::Required),
+    )
+    .await;
+}
+
+async fn status_wiped(fault: &str, durability: Option<DataDurability>) {
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     // Not ordinal 0: a lost status must not make the bootstrap instance primary again.
     let primary = bed.primary().await;
     if primary.ends_with("-0") {
         bed.request_switchover(&bed.other_than(&primary)).await;
     }
     let primary = eventually("the primary on ordinal 1", crate::failover::SETTLE_TIMEOUT, || async {
-        crate::failover::settled(&bed.client, bed.ns(), 2).await.filter(|now| now.ends_with("-1"))
+        crate::failover::settled(&bed.client, bed.ns(), bed.instances).await.filter(|now| now.ends_with("-1"))
     })
     .await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
@@ -76,8 +100,18 @@ async fn a_lost_status_keeps_the_primary_that_holds_the_lease() {
 
 #[tokio::test]
 async fn the_application_holding_every_connection_starts_no_failover() {
-    let fault = "the application holding every connection";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    connection_storm("the application holding every connection", None).await;
+}
+
+/// Issue 38: the same under `required` durability (3 instances).
+#[tokio::test]
+async fn the_application_holding_every_connection_under_required_durability_starts_no_failover() {
+    let fault = "the application holding every connection, required durability, 3 instances";
+    connection_storm(fault, Some(DataDurability::Required)).await;
+}
+
+async fn connection_storm(fault: &str, durability: Option<DataDurability>) {
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
     let script = format!(

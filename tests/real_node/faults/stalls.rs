@@ -17,8 +17,21 @@ fn signal_server(postmaster: &HostProcess, signal: i32) {
 
 #[tokio::test]
 async fn a_two_second_stall_of_the_primary_starts_no_failover() {
-    let fault = "primary's PostgreSQL stopped for 2 s";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    two_second_stall("primary's PostgreSQL stopped for 2 s", None).await;
+}
+
+/// Issue 38: the same under `required` durability (3 instances).
+#[tokio::test]
+async fn a_two_second_stall_under_required_durability_starts_no_failover() {
+    two_second_stall(
+        "primary's PostgreSQL stopped for 2 s, required durability, 3 instances",
+        Some(DataDurability::Required),
+    )
+    .await;
+}
+
+async fn two_second_stall(fault: &str, durability: Option<DataDurability>) {
+    let Some(bed) = Bed::start_in_mode(fault, durability).await else { return };
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
     let postmaster = host::postmaster(bed.ns(), &primary).expect("the primary's postmaster");

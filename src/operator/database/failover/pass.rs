@@ -292,12 +292,16 @@ pub fn decide_failover(
     outcome.release_lapsed_lease = lapsed_lease_to_release(input, &next, journal);
     let settled = next.target_primary.is_some() && next.target_primary == next.current_primary;
     // A switchover's old primary takes writes until its agent stops it: it keeps Service NAME
-    // until the target's promotion is seen (unlabelled at the request, it refused writes for the
-    // agent's reaction and the stop's checkpoint as well, a third of a second). A failover's
-    // primary is failing: no endpoint.
+    // while it reports a server that answers (unlabelled at the request, it refused writes during
+    // the agent's reaction and the target's catch-up). Unlabelled as soon as it reports the stop,
+    // not when the target's promotion is seen: kube-proxy applies a second change of the Service's
+    // endpoints at most once a second after the first (minSyncPeriod), and the swap of both labels
+    // in one pass cost that second. A failover's primary is failing: no endpoint.
     let switching_over =
         next.transition.as_ref().is_some_and(|transition| transition.kind == TransitionKind::Switchover);
-    outcome.primary = next.current_primary.clone().filter(|_| settled || switching_over);
+    let still_serving = primary_report(&instances, next.current_primary.as_ref())
+        .is_some_and(|report| report.role == Role::Primary && report.postgres_ready);
+    outcome.primary = next.current_primary.clone().filter(|_| settled || (switching_over && still_serving));
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
     status.instances = instance_statuses(database, &instances, lease);
     let reported_by_primary = primary_report(&instances, next.current_primary.as_ref());
