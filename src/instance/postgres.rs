@@ -600,14 +600,22 @@ impl StandbyLag {
     /// standby that stopped replying keeps the flush lag of its last reply).
     pub fn caught_up(&self) -> bool {
         let fresh = self.bytes == 0 || self.last_reply.is_some_and(|age| age < SWITCHOVER_CATCH_UP);
-        fresh && self.bytes <= SWITCHOVER_CATCH_UP_BYTES && self.flush_lag.is_none_or(|lag| lag < SWITCHOVER_CATCH_UP)
+        fresh && self.bytes <= SWITCHOVER_CATCH_UP_BYTES && self.behind_by() < SWITCHOVER_CATCH_UP
     }
 
     /// How long the WAL outstanding takes to reach it, as far as it tells: its flush lag, or how
-    /// long it has been silent with WAL outstanding, whichever is longer.
+    /// long it has been silent with WAL outstanding, whichever is longer. PostgreSQL clears the
+    /// flush lag (NULL) once the standby has everything *sent*, also when its WAL sender cannot send
+    /// faster (a slow link, seen on the real node: NULL with 300 kB outstanding at 30 kB/s): then
+    /// only a few pages outstanding ([`SWITCHOVER_UNTIMED_BYTES`]) count as no lag at all.
     pub fn behind_by(&self) -> Duration {
         let silent = if self.bytes == 0 { Duration::ZERO } else { self.last_reply.unwrap_or(Duration::MAX) };
-        self.flush_lag.unwrap_or_default().max(silent)
+        let flush_lag = match self.flush_lag {
+            Some(lag) => lag,
+            None if self.bytes <= SWITCHOVER_UNTIMED_BYTES => Duration::ZERO,
+            None => Duration::MAX,
+        };
+        flush_lag.max(silent)
     }
 }
 
@@ -615,6 +623,8 @@ impl StandbyLag {
 pub const SWITCHOVER_CATCH_UP: Duration = Duration::from_secs(1);
 /// See [`StandbyLag::caught_up`].
 pub const SWITCHOVER_CATCH_UP_BYTES: u64 = 16 * 1024 * 1024;
+/// See [`StandbyLag::behind_by`].
+pub const SWITCHOVER_UNTIMED_BYTES: u64 = 64 * 1024;
 
 /// How often [`Postgres::stop_writes`] looks at pg_control.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
@@ -748,6 +758,12 @@ mod tests {
         };
         assert!(lag(0, None, Some(9.0)).caught_up(), "idle and confirmed: replies are rare");
         assert!(lag(8_000, Some(0.02), Some(0.05)).caught_up(), "streaming under writes");
+        assert!(lag(8_000, None, Some(0.05)).caught_up(), "everything sent confirmed, a few pages outstanding");
+        assert!(
+            !lag(302_832, None, Some(0.36)).caught_up(),
+            "everything sent confirmed, but 300 kB not sent yet (a slow link): no time known, not caught up"
+        );
+        assert_eq!(lag(302_832, None, Some(0.36)).behind_by(), Duration::MAX);
         assert!(!lag(8_000, None, Some(3.0)).caught_up(), "silent with WAL outstanding: its flush lag is stale");
         assert!(!lag(8_000, Some(25.0), Some(0.1)).caught_up(), "a slow link: 25 s of WAL on the way");
         assert!(!lag(64 << 20, Some(0.5), Some(0.1)).caught_up(), "too many bytes");

@@ -162,6 +162,8 @@ async fn placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one
         (counted == (Some(1), Some(0), Some(2), Some(1))).then_some(())
     })
     .await;
+    // Evictions answered once: kube-client retries a 429 by default, until the budget allows it.
+    let client = crate::support::client_without_retries(&kubeconfig).await;
     assert!(
         refused_by_budget(&evict(&client, ns, "spread-0").await),
         "the primary is never evicted while a standby exists"

@@ -53,6 +53,19 @@ pub async fn client_for(kubeconfig: &Path) -> Client {
     Client::try_from(config).expect("client builds")
 }
 
+/// Like [`client_for`], without kube-client's retries of 429, 503 and 504: an eviction refused by a
+/// PodDisruptionBudget (429) must come back as the refusal, not be retried until allowed (the
+/// default retries up to 15 times, backing off up to minutes, so a refused eviction looked like a
+/// slow one that went through once the budget allowed it).
+pub async fn client_without_retries(kubeconfig: &Path) -> Client {
+    dbservice_operator::admission::tls::install_crypto_provider();
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
+    let mut config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
+    config.default_retry = false;
+    Client::try_from(config).expect("client builds")
+}
+
 /// Path of a binary of the control plane (kubectl, helm): .cluster/bin first, then PATH.
 pub fn tool(name: &str) -> PathBuf {
     let local = repository().join(".cluster/bin").join(name);
