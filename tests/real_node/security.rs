@@ -41,12 +41,17 @@ async fn the_application_cannot_act_as_superuser_and_the_superuser_logs_in_only_
     wait_running(&client, &namespace.name, "pg", 1, Duration::from_secs(240)).await;
     let as_application = async |sql: &str| psql(&client, node, &namespace.name, "pg", Target::Uri, sql).await;
 
-    let role = as_application(
-        "select rolsuper::text || ',' || (select datdba::regrole::text from pg_database where datname = current_database()) \
-         from pg_roles where rolname = current_user",
-    )
-    .await
-    .expect("the application logs in with its Secret's uri");
+    // Running says the pod is Ready; kube-proxy may program the Service a moment later (its
+    // minimum sync period is a second): the first login is retried until the Service answers.
+    let role = eventually("the application logs in with its Secret's uri", Duration::from_secs(30), || async {
+        as_application(
+            "select rolsuper::text || ',' || (select datdba::regrole::text from pg_database where datname = current_database()) \
+             from pg_roles where rolname = current_user",
+        )
+        .await
+        .ok()
+    })
+    .await;
     assert_eq!(role.trim(), "false,app_user", "an ordinary role that owns its database");
     as_application("create table orders (id int primary key); insert into orders values (1)")
         .await
