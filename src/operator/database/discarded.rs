@@ -4,6 +4,7 @@
 //! status keeps the last one told, so a report that stays the same is told once.
 
 use crate::api::failover::{DiscardedOnRejoin, InstanceStatus};
+use crate::operator::database::owned_settings::newly_reported;
 use crate::operator::journal::Journal;
 use crate::operator::ledger::LedgerEntry;
 use chrono::{DateTime, Utc};
@@ -20,15 +21,9 @@ pub fn tell_discarded(
     generation: i64,
     now: DateTime<Utc>,
 ) {
-    for instance in next {
-        let Some(discarded) = &instance.discarded_on_rejoin else { continue };
-        let told =
-            previous.iter().find(|old| old.name == instance.name).and_then(|old| old.discarded_on_rejoin.as_ref());
-        if told == Some(discarded) {
-            continue;
-        }
-        let (note, outcome) = describe(&instance.name, discarded);
-        let from = format!("{} WAL after {}", instance.name, discarded.diverged_at);
+    for (name, discarded) in newly_reported(previous, next, |instance| instance.discarded_on_rejoin.as_ref()) {
+        let (note, outcome) = describe(name, discarded);
+        let from = format!("{name} WAL after {}", discarded.diverged_at);
         let entry = LedgerEntry::at(now, generation, DISCARDED_EVENT, &from, "discarded by pg_rewind", outcome);
         journal.record(true, DISCARDED_EVENT, note, Some(entry));
     }

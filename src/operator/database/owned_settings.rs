@@ -20,17 +20,25 @@ pub fn tell_reverts(
     generation: i64,
     now: DateTime<Utc>,
 ) {
-    for instance in next {
-        let Some(reverted) = &instance.owned_settings_reverted else { continue };
-        let told =
-            previous.iter().find(|old| old.name == instance.name).and_then(|old| old.owned_settings_reverted.as_ref());
-        if told == Some(reverted) {
-            continue;
-        }
-        let (note, outcome) = describe(&instance.name, reverted);
+    for (name, reverted) in newly_reported(previous, next, |instance| instance.owned_settings_reverted.as_ref()) {
+        let (note, outcome) = describe(name, reverted);
         let entry = LedgerEntry::at(now, generation, REVERTED_EVENT, "ALTER SYSTEM", "operator's value", outcome);
         journal.record(true, REVERTED_EVENT, note, Some(entry));
     }
+}
+
+/// The instances of `next` whose `field` is set and differs from what `previous` (the stored
+/// status) shows for them, with that value: the reports not told yet (each is told once).
+pub fn newly_reported<'a, T: PartialEq + 'a>(
+    previous: &'a [InstanceStatus],
+    next: &'a [InstanceStatus],
+    field: impl Fn(&'a InstanceStatus) -> Option<&'a T> + Copy + 'a,
+) -> impl Iterator<Item = (&'a str, &'a T)> + 'a {
+    next.iter().filter_map(move |instance| {
+        let reported = field(instance)?;
+        let told = previous.iter().find(|old| old.name == instance.name).and_then(field);
+        (told != Some(reported)).then_some((instance.name.as_str(), reported))
+    })
 }
 
 /// The event's note and the ledger entry's outcome: names only, never values.
