@@ -113,6 +113,7 @@ fn short_limits() -> ServerLimits {
         max_connections: 64,
         handshake_timeout: Duration::from_millis(500),
         header_read_timeout: Duration::from_millis(500),
+        kept_idle_timeout: Duration::from_secs(1),
     }
 }
 
@@ -160,12 +161,42 @@ async fn a_kept_alive_connection_is_closed_once_idle() {
     assert!(waited < Duration::from_secs(3), "closed after {waited:?}");
 }
 
+/// A connection kept after a success stays open well past the waiting limit (the apiserver's
+/// idle connections must not be closed under it as it reuses them), then closes once idle for
+/// the kept limit; a connection whose request was refused gets only the waiting limit.
+#[tokio::test]
+async fn a_kept_connection_outlives_the_waiting_limit_and_a_refused_one_does_not() {
+    let limits = ServerLimits { kept_idle_timeout: Duration::from_secs(3), ..short_limits() };
+    let server = start(limits).await;
+    let mut kept = server.connect().await;
+    assert_eq!(exchange(&mut kept).await, "HTTP/1.1 200 OK");
+    tokio::time::sleep(limits.header_read_timeout * 3).await;
+    assert_eq!(exchange(&mut kept).await, "HTTP/1.1 200 OK", "the kept connection was closed while idle");
+    let waited = closed_after(&mut kept).await;
+    assert!(waited > Duration::from_secs(2) && waited < Duration::from_secs(5), "kept one closed after {waited:?}");
+
+    let mut refused = server.connect().await;
+    let malformed = b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-length: 2\r\n\r\n{}";
+    refused.write_all(malformed).await.unwrap();
+    refused.flush().await.unwrap();
+    let mut head = [0u8; 12];
+    refused.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 400", "a made-up review is refused");
+    let waited = closed_after(&mut refused).await;
+    assert!(waited < Duration::from_secs(2), "the refused one closed after {waited:?}");
+}
+
 /// With every slot held by connections that have been answered, a new client is served at once in
 /// the slot of the one idle longest (issue 37: clients re-sending made-up reviews could otherwise
 /// hold every slot); the cap holds, and the other kept connection stays open.
 #[tokio::test]
 async fn the_connection_cap_holds_and_the_idlest_kept_connection_makes_room() {
-    let limits = ServerLimits { max_connections: 2, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let limits = ServerLimits {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(30),
+        kept_idle_timeout: Duration::from_secs(30),
+        ..short_limits()
+    };
     let server = start(limits).await;
     let mut first = server.connect().await;
     let mut second = server.connect().await;
@@ -184,7 +215,12 @@ async fn the_connection_cap_holds_and_the_idlest_kept_connection_makes_room() {
 /// at once, instead of waiting for that connection's timeout.
 #[tokio::test]
 async fn a_newcomer_at_the_cap_replaces_the_oldest_connection_that_never_sent_a_request() {
-    let limits = ServerLimits { max_connections: 2, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let limits = ServerLimits {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(30),
+        kept_idle_timeout: Duration::from_secs(30),
+        ..short_limits()
+    };
     let server = start(limits).await;
     let mut idle = server.connect().await;
     let mut served = server.connect().await;
@@ -224,7 +260,12 @@ async fn a_legitimate_request_is_answered_quickly_while_slow_clients_hold_connec
 /// newcomer, however it began.
 #[tokio::test]
 async fn a_new_connection_is_answered_while_clients_answered_once_trickle_their_next_body() {
-    let limits = ServerLimits { max_connections: 32, header_read_timeout: Duration::from_secs(30), ..short_limits() };
+    let limits = ServerLimits {
+        max_connections: 32,
+        header_read_timeout: Duration::from_secs(30),
+        kept_idle_timeout: Duration::from_secs(30),
+        ..short_limits()
+    };
     let server = start(limits).await;
     // Every slot: a client answered once, now trickling its next body.
     let mut tricklers = Vec::new();

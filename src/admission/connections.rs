@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// No request yet, or the last one refused: the first to go.
@@ -48,12 +49,25 @@ pub struct ConnectionMarks {
     state: Arc<AtomicU8>,
     since: Arc<AtomicU64>,
     clock: Arc<AtomicU64>,
+    /// Milliseconds from `epoch` to the last change of state.
+    changed_at: Arc<AtomicU64>,
+    epoch: Instant,
 }
 
 impl ConnectionMarks {
     fn set(&self, state: u8) {
         self.state.store(state, Ordering::Release);
         self.since.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Release);
+        self.changed_at.store(millis_since(self.epoch), Ordering::Release);
+    }
+
+    /// How long the connection has been waiting (no request yet, or its last one refused), or
+    /// `None` when it is doing something else or kept after a success.
+    pub fn waiting_for(&self) -> Option<Duration> {
+        (self.state.load(Ordering::Acquire) == WAITING).then(|| {
+            let changed_at = self.changed_at.load(Ordering::Acquire);
+            Duration::from_millis(millis_since(self.epoch).saturating_sub(changed_at))
+        })
     }
 
     /// A request began (its headers arrived).
@@ -75,6 +89,10 @@ impl ConnectionMarks {
     pub fn kept(&self) -> bool {
         self.state.load(Ordering::Acquire) == KEPT
     }
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One connection's slot, released when dropped.
@@ -122,7 +140,8 @@ impl ConnectionSlots {
         let evicted = Arc::new(Notify::new());
         let tracked = Tracked { state: state.clone(), since: since.clone(), evict: evicted.clone() };
         self.open.lock().expect("connection slots lock").insert(id, tracked);
-        let marks = ConnectionMarks { state, since, clock: self.clock.clone() };
+        let epoch = Instant::now();
+        let marks = ConnectionMarks { state, since, clock: self.clock.clone(), changed_at: Arc::default(), epoch };
         ConnectionSlot { id, marks, evicted, owner: self.clone(), _permit: permit }
     }
 

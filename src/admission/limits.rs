@@ -23,10 +23,17 @@ pub const BODY_BUDGET_BYTES: usize = 16 * BODY_LIMIT_BYTES;
 /// How long a client has to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a client has to send the request line and headers; hyper also applies it to an idle
-/// keep-alive connection waiting for its next request (so it is the idle timeout too). The
-/// apiserver sends a request in one go and reuses idle connections within seconds.
+/// How long a connection may wait without a request, or after a refused one, before it is
+/// closed: a new client has this long for its handshake, request line and headers. The apiserver
+/// sends a request in one go.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection kept after a successful answer may stay idle. Longer than the
+/// apiserver's own idle timeout (Go's 90 s, `IdleConnTimeout` of client-go's transports), so that
+/// the apiserver closes its idle connections first: when the server closes one just as the
+/// apiserver reuses it, the apiserver's write fails (`write: broken pipe`, not retried for a
+/// POST) and the user's request fails with it. Seen in CI with a 10 s idle timeout.
+pub const KEPT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long reading the body and deciding may take. The apiserver gives up after the webhook's
 /// timeoutSeconds (5 s in the chart, 30 s at most), so later answers are useless.
@@ -87,8 +94,10 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// TLS handshake deadline.
     pub handshake_timeout: Duration,
-    /// Header read (and keep-alive idle) deadline.
+    /// Deadline of a connection waiting for its first request, or after a refused one.
     pub header_read_timeout: Duration,
+    /// Deadline of a connection idle after a successful answer (see [`KEPT_IDLE_TIMEOUT`]).
+    pub kept_idle_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -97,6 +106,7 @@ impl Default for ServerLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            kept_idle_timeout: KEPT_IDLE_TIMEOUT,
         }
     }
 }

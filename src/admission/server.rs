@@ -2,7 +2,7 @@
 //! connection cap (see [`crate::admission::connections`]), handshake/header/idle timeouts and a backed-off
 //! accept loop.
 
-use crate::admission::connections::{ConnectionSlot, ConnectionSlots};
+use crate::admission::connections::{ConnectionMarks, ConnectionSlot, ConnectionSlots};
 use crate::admission::limits::ServerLimits;
 use crate::admission::tls::{server_config, ReloadingCertificate};
 use axum::Router;
@@ -88,10 +88,11 @@ impl Acceptor {
 fn http1(limits: &ServerLimits) -> hyper::server::conn::http1::Builder {
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The timer is what makes hyper enforce the header read timeout (without one it silently
-    // has none); hyper restarts it when a keep-alive connection goes idle.
+    // has none); hyper restarts it when a keep-alive connection goes idle, so it is the kept
+    // connections' idle timeout. Waiting ones are closed sooner by `until_evicted`.
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(limits.kept_idle_timeout.max(limits.header_read_timeout))
         .max_buf_size(MAX_READ_BUFFER)
         .keep_alive(true);
     builder
@@ -126,7 +127,8 @@ pub async fn serve_tls(
         let builder = builder.clone();
         let handshake_timeout = limits.handshake_timeout;
         let mut stopping = shutdown.clone();
-        tokio::spawn(until_evicted(slot, peer, async move {
+        let waiting_limit = limits.header_read_timeout;
+        tokio::spawn(until_evicted(slot, peer, waiting_limit, async move {
             // A connection still in its handshake at shutdown has no request to finish: it is
             // dropped, so that the drain (which waits for every watcher) does not wait for it.
             let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(stream));
@@ -150,7 +152,8 @@ pub async fn serve_tls(
 /// Serves `router` over plain HTTP until `shutdown` turns true.
 pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: watch::Receiver<bool>) {
     let graceful = GracefulShutdown::new();
-    let builder = http1(&ServerLimits::default());
+    let limits = ServerLimits::default();
+    let builder = http1(&limits);
     let mut connections = Acceptor::new(listener, MAX_PROBE_CONNECTIONS, "probe");
     loop {
         let (stream, peer, slot) = tokio::select! {
@@ -160,7 +163,7 @@ pub async fn serve_plain(listener: TcpListener, router: Router, mut shutdown: wa
         let service = TowerToHyperService::new(marks_served(router.clone(), &slot));
         let watcher = graceful.watcher();
         let connection = builder.serve_connection(TokioIo::new(stream), service);
-        tokio::spawn(until_evicted(slot, peer, async move {
+        tokio::spawn(until_evicted(slot, peer, limits.header_read_timeout, async move {
             let _ = watcher.watch(connection).await;
         }));
     }
@@ -185,13 +188,34 @@ fn marks_served(router: Router, slot: &ConnectionSlot) -> Router {
         }))
 }
 
-/// Runs a connection's task until it ends or its slot is claimed for a newcomer (which closes
-/// the connection by dropping it); the slot is released when this returns.
-async fn until_evicted(slot: ConnectionSlot, peer: SocketAddr, connection: impl Future<Output = ()>) {
+/// Runs a connection's task until it ends, its slot is claimed for a newcomer, or it has been
+/// waiting (no request yet, or its last one refused) for `waiting_limit`; the last two close the
+/// connection by dropping it. The slot is released when this returns.
+async fn until_evicted(
+    slot: ConnectionSlot,
+    peer: SocketAddr,
+    waiting_limit: Duration,
+    connection: impl Future<Output = ()>,
+) {
     tokio::select! {
         () = connection => {}
         () = slot.evicted.notified() => {
             tracing::debug!(%peer, "closed to make room: no request answered while every slot was taken");
+        }
+        () = waited_too_long(&slot.marks, waiting_limit) => {
+            tracing::debug!(%peer, "closed: waiting for a request for too long");
+        }
+    }
+}
+
+/// Resolves once the connection of `marks` has been waiting for `limit`.
+async fn waited_too_long(marks: &ConnectionMarks, limit: Duration) {
+    loop {
+        match marks.waiting_for() {
+            Some(waited) if waited >= limit => return,
+            Some(waited) => tokio::time::sleep(limit - waited).await,
+            // Kept or busy: looked at again soon, as it may be refused and start waiting.
+            None => tokio::time::sleep(limit / 4).await,
         }
     }
 }

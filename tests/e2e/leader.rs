@@ -132,8 +132,7 @@ async fn sigterm_exits_within_seconds_with_passes_in_flight_and_open_connections
     const DATABASES: usize = 40;
     let api: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
     let names: Vec<String> = (0..DATABASES).map(|index| format!("stop-{index}")).collect();
-    // Four at a time, as bench-scale creates: a burst of 40 admissions at once makes the apiserver
-    // open more webhook connections than the shared webhook server keeps (write: broken pipe).
+    // Four at a time, as bench-scale creates.
     use futures::StreamExt;
     futures::stream::iter(names.iter().map(|name| {
         let api = api.clone();
