@@ -423,23 +423,27 @@ up() {
   start_provisioner
   write_environment
   "$here/second-node.sh" up
-  log "up in $((SECONDS - started))s: node $NODE, StorageClass $STORAGE_CLASS, PostgreSQL image $POSTGRES_IMAGE"
+  log "up in $((SECONDS - started))s: node $NODE, StorageClass $STORAGE_CLASS, PostgreSQL image $DEFAULT_POSTGRES_IMAGE"
 }
 
 # real-node.env: what tests and the demo need to know (sourceable).
 write_environment() {
-  # Wheel versions are MAJOR.MINOR.0; images are tagged MAJOR.MINOR.
-  local other_versions="$POSTGRES_WHEEL_VERSIONS "
-  other_versions="${other_versions//.0 / }"
-  other_versions="${other_versions% }"
+  # Wheel versions are MAJOR.MINOR.0; images are tagged MAJOR.MINOR. The other versions: every image
+  # but the default major's.
+  local other_versions="" version
+  for version in "$POSTGRES_VERSION" $POSTGRES_WHEEL_VERSIONS; do
+    version="${version%.0}"
+    [ "$version" = "$DEFAULT_POSTGRES_VERSION" ] || other_versions="$other_versions $version"
+  done
+  other_versions="${other_versions# }"
   cat >"$CLUSTER_DIR/real-node.env" <<EOF
 # Written by tests/cluster/real-node.sh; sourceable.
 REAL_NODE=$NODE
 REAL_NODE_STORAGE_CLASS=$STORAGE_CLASS
 REAL_NODE_SIZED_STORAGE_CLASS=$SIZED_STORAGE_CLASS
-REAL_NODE_POSTGRES_VERSION=$POSTGRES_VERSION
-REAL_NODE_POSTGRES_IMAGE=$POSTGRES_IMAGE
-# The other majors' versions (images docker.io/library/postgres:<version>), from the PyPI wheels.
+REAL_NODE_POSTGRES_VERSION=$DEFAULT_POSTGRES_VERSION
+REAL_NODE_POSTGRES_IMAGE=$DEFAULT_POSTGRES_IMAGE
+# The other majors' versions (images docker.io/library/postgres:<version>): Debian's 15 and the PyPI wheels.
 REAL_NODE_POSTGRES_OTHER_VERSIONS="$other_versions"
 REAL_NODE_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
 REAL_NODE_PGBOUNCER_IMAGE=$PGBOUNCER_IMAGE

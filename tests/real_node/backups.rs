@@ -57,6 +57,8 @@ async fn a_pod_archives_wal_and_its_backup_recovers_to_a_time_on_the_host() {
 
     crate::support::create_store_secret(&client, &namespace.name).await;
     let mut database = real_database(node, "pg", 1, "Delete");
+    // 15: the recovery runs on the host, with Debian's PostgreSQL 15.
+    database.spec.version = node.version_of(15);
     database.spec.backup = Some(archiving(&store.endpoint, SERVER_NAME));
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace.name);
     databases.create(&PostParams::default(), &database).await.unwrap();

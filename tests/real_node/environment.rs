@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// What `real-node.sh up` recorded in .cluster/real-node.env, plus the operator image.
 #[derive(Debug)]
 pub struct RealNode {
-    /// Full PostgreSQL version of the local image, e.g. 15.18.
+    /// Full PostgreSQL version of the default major's image (the full suites'), e.g. 17.11.
     pub postgres_version: String,
     /// The local PostgreSQL image (docker.io/library/postgres:<version>).
     pub postgres_image: String,
@@ -80,6 +80,22 @@ fn read_real_node() -> Option<RealNode> {
         pgbouncer_image: values.get("REAL_NODE_PGBOUNCER_IMAGE")?.to_string(),
         address: values.get("REAL_NODE_ADDRESS")?.to_string(),
     })
+}
+
+impl RealNode {
+    /// The default major (of the full suites and the demo).
+    pub fn default_major(&self) -> u32 {
+        self.postgres_version.split('.').next().and_then(|major| major.parse().ok()).expect("a version")
+    }
+
+    /// The full version of the node's image of `major`, default or other.
+    pub fn version_of(&self, major: u32) -> String {
+        std::iter::once(&self.postgres_version)
+            .chain(&self.other_versions)
+            .find(|version| version.split('.').next() == Some(major.to_string().as_str()))
+            .unwrap_or_else(|| panic!("no image of PostgreSQL {major} on the real node (tests/cluster/images.sh node)"))
+            .clone()
+    }
 }
 
 /// The admin client.

@@ -22,12 +22,7 @@ const ROWS: u32 = 20_000;
 #[tokio::test]
 async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
     let Some(node) = real_node_or_skip("a_database_on_15_is_imported_into_a_new_database_on_17") else { return };
-    let version = node
-        .other_versions
-        .iter()
-        .find(|version| version.starts_with("17."))
-        .expect("an image of PostgreSQL 17 on the real node (tests/cluster/images.sh node)")
-        .clone();
+    let version = node.version_of(17);
     let _slot = crate::faults::slot().await;
     install_chart(node);
     let client = admin_client().await;
@@ -35,7 +30,9 @@ async fn a_database_on_15_is_imported_into_a_new_database_on_17() {
     let ns = namespace.name.as_str();
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
 
-    databases.create(&PostParams::default(), &real_database(node, SOURCE, 1, "Delete")).await.unwrap();
+    let mut source = real_database(node, SOURCE, 1, "Delete");
+    source.spec.version = node.version_of(15);
+    databases.create(&PostParams::default(), &source).await.unwrap();
     wait_running(&client, ns, SOURCE, 1, Duration::from_secs(300)).await;
     // One instance: ordinal 0 bootstrapped it and is its primary.
     let source_pod = format!("{SOURCE}-0");

@@ -3,7 +3,8 @@
 //! that creates a two-instance database archiving into an object store, checks both instances run
 //! that major and the standby streams, backs up, fails over by deleting the primary's pod, and
 //! recovers a new database from the archive with every committed row. The full suites run on the
-//! default major (15). Each takes one of the fault suite's slots.
+//! default major (17, `DEFAULT_POSTGRES_MAJOR` of tests/cluster/versions.sh). Each takes one of
+//! the fault suite's slots.
 
 use crate::backups::{archiving, object_store, BRIDGE_ADDRESS};
 use crate::environment::wait_running;
@@ -31,12 +32,8 @@ async fn smoke(major: u32) {
     let test = format!("PostgreSQL {major} smoke set");
     let Some(node) = real_node_or_skip(&test) else { return };
     let Some(moto) = moto_server() else { return skip_or_fail("no moto_server on the host") };
-    let version = node
-        .other_versions
-        .iter()
-        .find(|version| version.split('.').next() == Some(major.to_string().as_str()))
-        .unwrap_or_else(|| panic!("no image of PostgreSQL {major} on the real node (tests/cluster/images.sh node)"))
-        .clone();
+    assert_ne!(major, node.default_major(), "the full suites run the default major");
+    let version = node.version_of(major);
     let _slot = crate::faults::slot().await;
     let started = Instant::now();
     install_chart(node);
@@ -126,8 +123,8 @@ async fn postgresql_16_replicates_backs_up_fails_over_and_recovers() {
 }
 
 #[tokio::test]
-async fn postgresql_17_replicates_backs_up_fails_over_and_recovers() {
-    smoke(17).await;
+async fn postgresql_15_replicates_backs_up_fails_over_and_recovers() {
+    smoke(15).await;
 }
 
 #[tokio::test]

@@ -355,7 +355,7 @@ async fn single_value(prometheus: &Prometheus, expression: &str) -> f64 {
 #[tokio::test]
 async fn prometheus_fires_lag_wraparound_disk_down_and_no_primary_alerts_of_real_failures() {
     let fault = "monitoring: lag, wraparound, full disk, hung primary";
-    let Some(bed) = Bed::start_on_sized_volumes(fault, 2).await else { return };
+    let Some(bed) = Bed::start_on_sized_volumes(fault, 2, None).await else { return };
     let primary = bed.primary().await;
     let standby = bed.other_than(&primary);
     // Thresholds scaled to what a test can cause in seconds: 8 MiB of replay lag instead of 1 GiB,

@@ -41,10 +41,10 @@ pub(crate) async fn completed(backups: &Api<DatabaseServiceBackup>, name: &str) 
     .await
 }
 
-fn assert_complete(what: &str, status: &DatabaseServiceBackupStatus) {
+fn assert_complete(node: &crate::environment::RealNode, what: &str, status: &DatabaseServiceBackupStatus) {
     assert!(status.backup_id.is_some() && status.begin_lsn.is_some() && status.end_lsn.is_some(), "{what}: {status:?}");
     assert!(status.size_bytes.unwrap_or(0) > 0 && status.end_time.is_some(), "{what}: {status:?}");
-    assert_eq!(status.postgres_major_version, Some(15), "{what}: {status:?}");
+    assert_eq!(status.postgres_major_version, Some(i64::from(node.default_major())), "{what}: {status:?}");
 }
 
 fn recovering_to(node: &crate::environment::RealNode, endpoint: &str, time: &str, replicas: i32) -> DatabaseService {
@@ -101,7 +101,7 @@ async fn scheduled_and_on_demand_backups_complete_and_a_new_database_recovers_to
     let spec = DatabaseServiceBackupSpec { database_service: SOURCE.into(), target: None };
     backups.create(&PostParams::default(), &DatabaseServiceBackup::new("on-demand", spec)).await.unwrap();
     let on_demand = completed(&backups, "on-demand").await;
-    assert_complete("on-demand", &on_demand);
+    assert_complete(node, "on-demand", &on_demand);
     eprintln!("on-demand backup: {on_demand:?}");
 
     // On a schedule: every minute until one scheduled backup completed, then no schedule.
@@ -118,7 +118,7 @@ async fn scheduled_and_on_demand_backups_complete_and_a_new_database_recovers_to
     })
     .await;
     databases.patch(SOURCE, &PatchParams::default(), &schedule(serde_json::Value::Null)).await.unwrap();
-    assert_complete("scheduled", &scheduled);
+    assert_complete(node, "scheduled", &scheduled);
 
     // Rows on both sides of the target time, then the WAL holding them archived.
     sql("insert into rows (batch) select 1 from generate_series(1, 11)");

@@ -1,5 +1,4 @@
-//! In-place major upgrades on the real node (issue 24): a two-instance database of the default
-//! major (15) under the fault suite's two writers is upgraded to 17 by changing `spec.version`: a
+//! In-place major upgrades on the real node (issue 24): a two-instance database of 15 under the fault suite's two writers is upgraded to 17 by changing `spec.version`: a
 //! backup first, the primary upgraded with pg_upgrade, the standby cloned again; every
 //! acknowledged commit is on the new primary, no two servers accepted writes, both instances run
 //! 17 and stream, and a backup after the upgrade (into the new archive) completes. An upgrade that
@@ -22,18 +21,11 @@ use std::time::Duration;
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn version_of(bed: &Bed, major: u32) -> String {
-    other_version(bed.node, major)
+    bed.node.version_of(major)
 }
 
 fn other_version(node: &crate::environment::RealNode, major: u32) -> String {
-    if node.postgres_version.split('.').next() == Some(major.to_string().as_str()) {
-        return node.postgres_version.clone();
-    }
-    node.other_versions
-        .iter()
-        .find(|version| version.split('.').next() == Some(major.to_string().as_str()))
-        .unwrap_or_else(|| panic!("no image of PostgreSQL {major} on the real node (tests/cluster/images.sh node)"))
-        .clone()
+    node.version_of(major)
 }
 
 async fn change_version(databases: &Api<DatabaseService>, version: &str, method: Option<&str>) {
@@ -78,7 +70,9 @@ async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
     };
     let work = tempfile::Builder::new().prefix("dbservice-upgrade-").tempdir_in("/tmp").unwrap();
     let store = Store::start_on(&moto, &work.path().join("moto.log"), crate::backups::BRIDGE_ADDRESS).await;
-    let Some(bed) = Bed::start_with(fault, 2, Some(&store.endpoint)).await else { return };
+    let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
+    let from = node.version_of(15);
+    let Some(bed) = Bed::start_on(fault, 2, Some(&store.endpoint), Some(&from)).await else { return };
     let target = version_of(&bed, 17);
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
@@ -150,7 +144,8 @@ async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
 #[tokio::test]
 async fn an_upgrade_to_an_image_without_an_extension_in_use_rolls_back_to_15_on_the_untouched_data() {
     let fault = "major upgrade 15 to 17 with an extension 17 lacks";
-    let Some(bed) = Bed::start(fault, 2).await else { return };
+    let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
+    let Some(bed) = Bed::start_on(fault, 2, None, Some(&node.version_of(15))).await else { return };
     let target = version_of(&bed, 17);
     let primary = bed.primary().await;
     // adminpack ships with 15 and is gone from 17: its library is missing in the new image, and
@@ -180,7 +175,8 @@ async fn an_upgrade_to_an_image_without_an_extension_in_use_rolls_back_to_15_on_
 #[tokio::test]
 async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to_15_with_its_data() {
     let fault = "major upgrade 15 to 17 on a full volume (copy mode)";
-    let Some(bed) = Bed::start_on_sized_volumes(fault, 2).await else { return };
+    let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
+    let Some(bed) = Bed::start_on_sized_volumes(fault, 2, Some(&node.version_of(15))).await else { return };
     let target = version_of(&bed, 17);
     let primary = bed.primary().await;
     // About 600 MB of rows on the primary's 1 GiB volume: a second copy does not fit. Unlogged,

@@ -98,8 +98,8 @@ impl Bed {
     }
 
     /// Like [`Bed::start_on`], on volumes of exactly `storageSize` (1 GiB) that a test can fill.
-    pub async fn start_on_sized_volumes(fault: &str, instances: usize) -> Option<Bed> {
-        Bed::start_in(fault, instances, BedOptions { sized_volumes: true, ..BedOptions::default() }).await
+    pub async fn start_on_sized_volumes(fault: &str, instances: usize, version: Option<&str>) -> Option<Bed> {
+        Bed::start_in(fault, instances, BedOptions { sized_volumes: true, version, ..BedOptions::default() }).await
     }
 
     /// Like [`Bed::start_with`], with `spec.failover.dataDurability: durability` when given.
