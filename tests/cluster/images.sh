@@ -3,7 +3,8 @@
 # Container images without a registry, built with buildah (a real OCI builder, from Debian) and kept as
 # docker-archive tarballs in $CACHE_ROOT/images, which real-node.sh imports into the real node's containerd.
 #
-#   images.sh node       the pause image, PostgreSQL 15 (Debian) and 14, 16, 17, 18 (PyPI wheels) images
+#   images.sh node       the pause image, PostgreSQL 15 (Debian) and 14, 16, 17, 18 (PyPI wheels) images,
+#                        PgBouncer (built from source), busybox
 #                        (cached; see images/README.md)
 #   images.sh bases      local stand-ins for the two base images of the Dockerfile that cannot be pulled
 #                        offline (rust:1-bookworm and distroless static:nonroot); cached
@@ -39,9 +40,8 @@ RUST_VERSION="$(rustc --version 2>/dev/null | awk '{print $2}')"
 BUILDER_BASE="localhost/dbservice-rust-builder:${RUST_VERSION:-1}-bookworm"
 RUNTIME_BASE="localhost/dbservice-runtime-base:nonroot"
 BUSYBOX_IMAGE="localhost/busybox:test"
-# PgBouncer of the host's Debian package, for spec.pooler (pgbouncer_image).
-PGBOUNCER_VERSION="$({ /usr/sbin/pgbouncer --version 2>/dev/null || true; } | sed -n 's/^PgBouncer \([0-9.]*\).*/\1/p')"
-PGBOUNCER_IMAGE="localhost/pgbouncer:${PGBOUNCER_VERSION:-unknown}"
+# PgBouncer PGBOUNCER_VERSION (versions.sh) built from source, for spec.pooler (pgbouncer_image).
+PGBOUNCER_IMAGE="localhost/pgbouncer:$PGBOUNCER_VERSION"
 # The operator image's tag is the hash of everything the Dockerfile copies: a changed source is a new tag,
 # so `helm upgrade` rolls the Deployment, and an unchanged tree is not rebuilt.
 operator_tag() {
@@ -96,18 +96,19 @@ busybox_image() {
   log "built $BUSYBOX_IMAGE ($(du -h "$archive" | cut -f1))"
 }
 
-# PgBouncer from the host's Debian package (pgbouncer), for spec.pooler: the binary and its libraries,
+# PgBouncer PGBOUNCER_VERSION (pgbouncer_binary), for spec.pooler: the binary and its libraries,
 # busybox's sh, sleep, mkdir and kill (the pooler pod's start and preStop commands), no user of its own
 # (the pod runs it as 65532). Production uses the operator's --pooler-image.
 pgbouncer_image() {
-  [ -n "$PGBOUNCER_VERSION" ] || die "PgBouncer is not installed on this machine (apt-get install pgbouncer)"
-  local archive context root command
+  local archive context root command binary
   archive="$IMAGE_CACHE/pgbouncer-$PGBOUNCER_VERSION-$(recipe_hash).tar"
   [ -s "$archive" ] && return 0
   rm -f "$IMAGE_CACHE"/pgbouncer-*.tar
+  binary="$(pgbouncer_binary)"
   context="$(mktemp -d)"
   root="$context/rootfs"
-  mkdir -p "$root"/{bin,etc,tmp,lib64,usr/bin} && chmod 1777 "$root/tmp"
+  mkdir -p "$root"/{bin,etc,tmp,lib64,usr/bin,usr/sbin} && chmod 1777 "$root/tmp"
+  cp "$binary" "$root/usr/sbin/pgbouncer"
   copy_with_libraries "$root" /usr/sbin/pgbouncer
   ln -s /usr/sbin/pgbouncer "$root/usr/bin/pgbouncer"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
@@ -122,6 +123,29 @@ pgbouncer_image() {
   save "$PGBOUNCER_IMAGE" "$archive"
   rm -rf "$context"
   log "built $PGBOUNCER_IMAGE ($(du -h "$archive" | cut -f1))"
+}
+
+# PgBouncer PGBOUNCER_VERSION built once from the release tarball (checked against its SHA-256) into the
+# cache, with the host's libevent (evdns) and OpenSSL; prints the binary's path.
+pgbouncer_binary() {
+  local directory="$CACHE_ROOT/pgbouncer-$PGBOUNCER_VERSION" tarball source
+  if [ ! -x "$directory/pgbouncer" ]; then
+    mkdir -p "$directory"
+    tarball="$directory/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
+    [ -s "$tarball" ] || curl -fsS -m 120 -o "$tarball.tmp" \
+      "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz" ||
+      die "could not download PgBouncer $PGBOUNCER_VERSION's source"
+    [ -s "$tarball" ] || mv "$tarball.tmp" "$tarball"
+    echo "$PGBOUNCER_SOURCE_SHA256  $tarball" | sha256sum -c --quiet - >&2 || { rm -f "$tarball"; die "PgBouncer's source has the wrong hash"; }
+    source="$(mktemp -d)"
+    tar -xzf "$tarball" -C "$source" --strip-components=1
+    log "building PgBouncer $PGBOUNCER_VERSION from source"
+    (cd "$source" && ./configure --prefix=/usr --without-cares --without-systemd && make -j2) >"$source/build.log" 2>&1 ||
+      { tail -n 20 "$source/build.log" >&2; die "PgBouncer $PGBOUNCER_VERSION did not build"; }
+    cp "$source/pgbouncer" "$directory/pgbouncer.tmp" && mv "$directory/pgbouncer.tmp" "$directory/pgbouncer"
+    rm -rf "$source"
+  fi
+  echo "$directory/pgbouncer"
 }
 
 pause_image() {

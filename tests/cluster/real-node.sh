@@ -107,12 +107,15 @@ wait_until() {
 install_packages() {
   local command missing=()
   declare -A needed=([containerd]=containerd [runc]=runc [iptables]=iptables [conntrack]=conntrack
-    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [/usr/sbin/pgbouncer]=pgbouncer
+    [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [make]=make [curl]=curl [pkg-config]=pkg-config
     [mkfs.ext4]=e2fsprogs [losetup]=mount)
   for command in "${!needed[@]}"; do command -v "$command" >/dev/null || missing+=("${needed[$command]}"); done
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   [ -x /bin/busybox ] || missing+=(busybox-static)
   [ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
+  # PgBouncer's build (images.sh pgbouncer_binary).
+  [ -e /usr/include/event2/event.h ] || missing+=(libevent-dev)
+  [ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
   compgen -G '/usr/lib/postgresql/15/bin/postgres' >/dev/null || missing+=(postgresql-15)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "apt-get install ${missing[*]}"

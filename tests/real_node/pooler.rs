@@ -1,5 +1,6 @@
 //! Pooling with PgBouncer (issue 25) on the real node: a database of two instances with
-//! `spec.pooler` (two pooler pods, PgBouncer 1.18 of Debian), clients through Services
+//! `spec.pooler` (two pooler pods, PgBouncer of the default image's version, 1.24.1, built from
+//! source by tests/cluster/images.sh), clients through Services
 //! `ha-pooler` (read-write) and `ha-pooler-replicas` (read-only), TLS verified against the
 //! database's CA, every user looked up by `auth_query`.
 //!
@@ -227,6 +228,15 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     })
     .await;
     eprintln!("[figure] pooler: 2 pods ready {:.1} s after the database", started.elapsed().as_secs_f64());
+    // The PgBouncer under test is the one of the image the operator defaults to (issue 39).
+    let pooler_pod = pooler_pods(&pods).await.into_iter().next().unwrap();
+    let container = kubectl(&["-n", ns, "get", "pod", &pooler_pod, "-o", "jsonpath={.spec.containers[1].name}"]);
+    let running = kubectl(&["-n", ns, "exec", &pooler_pod, "-c", container.trim(), "--", "pgbouncer", "--version"]);
+    let default_version = dbservice_operator::api::pooler::DEFAULT_POOLER_IMAGE.rsplit(':').next().unwrap();
+    assert!(
+        running.starts_with(&format!("PgBouncer {default_version}\n")),
+        "{running} (default image's {default_version})"
+    );
     // A real Prometheus scrapes the pooler pods as the chart's PodMonitor says.
     let work = tempfile::Builder::new().prefix("dbservice-pooler-prometheus-").tempdir_in("/tmp").unwrap();
     let kubeconfig = crate::support::admin_kubeconfig().expect("the cluster's kubeconfig");
