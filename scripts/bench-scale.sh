@@ -8,7 +8,9 @@
 #
 # Environment: N (default 1000), CONCURRENCY (operator --concurrency, default: the binary's),
 # DBSERVICE_CLUSTER_DIR (default <repo>/.cluster-bench), DBSERVICE_KWOK_NODES (default N/100+2),
-# KEEP_CLUSTER=1 to leave the cluster running, CREATE_PARALLELISM (default 4), QUIET_SECONDS (60).
+# KEEP_CLUSTER=1 to leave the cluster running, CREATE_PARALLELISM (default 4), QUIET_SECONDS (60),
+# BENCH_BINARY (a build to measure instead of the release build), BENCH_OLD_BINARY (another build,
+# e.g. from before a fix, whose exit at start-up is measured too).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 N="${N:-1000}"
@@ -50,13 +52,19 @@ elapsed() { awk -v from="$1" -v to="$2" 'BEGIN {printf "%.1f", to - from}'; }
 # The shipped binary: static musl, as the Dockerfile builds it (its allocator is part of what the
 # peak RSS measures). BENCH_TARGET=x86_64-unknown-linux-gnu measures a host build instead.
 rust_target="${BENCH_TARGET:-x86_64-unknown-linux-musl}"
-if ! rustup target list --installed 2>/dev/null | grep -qx "$rust_target"; then
-  echo "bench-scale: Rust target $rust_target missing: rustup target add $rust_target (and apt-get install musl-tools)" >&2
-  exit 2
+if [ -n "${BENCH_BINARY:-}" ]; then
+  # A build of one's own (e.g. a debug build, for a before/after with BENCH_OLD_BINARY).
+  binary="$BENCH_BINARY"
+  rust_target="$BENCH_BINARY"
+else
+  if ! rustup target list --installed 2>/dev/null | grep -qx "$rust_target"; then
+    echo "bench-scale: Rust target $rust_target missing: rustup target add $rust_target (and apt-get install musl-tools)" >&2
+    exit 2
+  fi
+  step "building the release operator for $rust_target"
+  cargo build --release --quiet --locked --target "$rust_target" --manifest-path "$repo/Cargo.toml"
+  binary="$target/$rust_target/release/dbservice-operator"
 fi
-step "building the release operator for $rust_target"
-cargo build --release --quiet --locked --target "$rust_target" --manifest-path "$repo/Cargo.toml"
-binary="$target/$rust_target/release/dbservice-operator"
 
 step "starting a separate control plane in $cluster with $DBSERVICE_KWOK_NODES kwok nodes"
 "$repo/tests/cluster/up.sh" >&2
@@ -87,22 +95,54 @@ umask 022
 
 # --instance-image as the chart sets it: each database also gets its agents' ServiceAccount, Role,
 # RoleBinding and primary Lease (kwok's pods never run the agent, so the primary stays pod 0).
+# start_operator BINARY LOG: the operator in the background (operator_pid), as the chart runs it.
+# --instance-image as the chart sets it: each database also gets its agents' ServiceAccount, Role,
+# RoleBinding and primary Lease (kwok's pods never run the agent, so the primary stays pod 0).
+start_operator() {
+  local extra=()
+  [ -n "${CONCURRENCY:-}" ] && extra+=(--concurrency "$CONCURRENCY")
+  # Info from run and leader only: the shutdown lines ("released the leader Lease", "stopped").
+  KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn,dbservice_operator::run=info,dbservice_operator::operator::leader=info "$1" run \
+    --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
+    --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
+    --namespace "$release_namespace" --identity bench --lease-name dbservice-operator-leader \
+    --instance-image localhost/dbservice-operator:bench \
+    "${extra[@]}" > "$2" 2>&1 &
+  operator_pid=$!
+}
+
+# wait_leader INTERVAL: polls the leader metric every INTERVAL seconds until the operator leads.
+wait_leader() {
+  for _ in $(seq 3000); do
+    [ "$(metric_sum dbservice_leader 2>/dev/null || echo 0)" -ge 1 ] && return 0
+    kill -0 "$operator_pid" 2>/dev/null || break
+    sleep "$1"
+  done
+  return 1
+}
+
+# terminate LOG: SIGTERM to the operator; prints the seconds to its exit (killed after 60 s) and
+# what the log misses.
+terminate() {
+  local term_sent exited_at watchdog result
+  term_sent="$(now)"
+  kill -TERM "$operator_pid"
+  # The operator is this script's child: wait reaps it (a zombie would still answer kill -0).
+  ( sleep 60; kill -KILL "$operator_pid" 2>/dev/null ) &
+  watchdog=$!
+  wait "$operator_pid" 2>/dev/null || true
+  exited_at="$(now)"
+  kill "$watchdog" 2>/dev/null || true
+  operator_pid=""
+  result="$(elapsed "$term_sent" "$exited_at") s"
+  grep -q 'stopped' "$1" || result="$result (killed after 60 s: \"stopped\" never logged)"
+  grep -q 'released the leader Lease' "$1" || result="$result; the Lease was not released"
+  echo "$result"
+}
+
 step "starting the operator (log: $work/operator.log)"
-extra=()
-[ -n "${CONCURRENCY:-}" ] && extra+=(--concurrency "$CONCURRENCY")
-# Info from run and leader only: the shutdown lines ("released the leader Lease", "stopped").
-KUBECONFIG="$work/operator.kubeconfig" RUST_LOG=warn,dbservice_operator::run=info,dbservice_operator::operator::leader=info "$binary" run \
-  --listen "127.0.0.1:$webhook_port" --probe-listen "127.0.0.1:$probe_port" \
-  --tls-cert "$work/certs/tls.crt" --tls-key "$work/certs/tls.key" \
-  --namespace "$release_namespace" --identity bench --lease-name dbservice-operator-leader \
-  --instance-image localhost/dbservice-operator:bench \
-  "${extra[@]}" > "$work/operator.log" 2>&1 &
-operator_pid=$!
-for _ in $(seq 300); do
-  [ "$(metric_sum dbservice_leader 2>/dev/null || echo 0)" -ge 1 ] && break
-  sleep 0.2
-done
-[ "$(metric_sum dbservice_leader)" -ge 1 ] || { tail -20 "$work/operator.log" >&2; exit 1; }
+start_operator "$binary" "$work/operator.log"
+wait_leader 0.2 || { tail -20 "$work/operator.log" >&2; exit 1; }
 apiserver_pid="$(cat "$cluster/pids/kube-apiserver.pid")"
 
 kubectl create namespace "$namespace" >/dev/null
@@ -206,22 +246,26 @@ by_resource() {
 }
 
 step "SIGTERM with $N databases: time to exit"
-term_sent="$(now)"
-kill -TERM "$operator_pid"
-# The operator is this script's child: wait reaps it (a zombie would still answer kill -0).
-( sleep 60; kill -KILL "$operator_pid" 2>/dev/null ) &
-watchdog=$!
-wait "$operator_pid" 2>/dev/null || true
-exited_at="$(now)"
-kill "$watchdog" 2>/dev/null || true
-operator_pid=""
-exit_after="$(elapsed "$term_sent" "$exited_at") s"
-grep -q 'stopped' "$work/operator.log" || exit_after="$exit_after (killed after 60 s: \"stopped\" never logged)"
-grep -q 'released the leader Lease' "$work/operator.log" || exit_after="$exit_after; the Lease was not released"
+exit_after="$(terminate "$work/operator.log")"
+
+# Issue 26's hang: a term that ends before the caches finished their first list (SIGTERM as soon
+# as the operator leads, while it lists N databases). BENCH_OLD_BINARY (e.g. a build of a83f7fc,
+# before the fix) is measured the same way, for the before/after.
+startup_exit() { # BINARY LOG
+  start_operator "$1" "$2"
+  wait_leader 0.02 || { tail -20 "$2" >&2; exit 1; }
+  terminate "$2"
+}
+step "SIGTERM the moment the operator leads, with $N databases"
+startup_exit_after="$(startup_exit "$binary" "$work/operator-startup.log")"
+startup_exit_before="not measured (BENCH_OLD_BINARY unset)"
+if [ -n "${BENCH_OLD_BINARY:-}" ]; then
+  startup_exit_before="$(startup_exit "$BENCH_OLD_BINARY" "$work/operator-startup-old.log")"
+fi
 
 cat <<REPORT | tee "$work/report.txt"
 
-bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, release build for $rust_target
+bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-default}, build: $rust_target
   created:                 $created in $(elapsed "$start" "$created_at") s ($failures kubectl failures, $admission_errors admission errors)
   all Running after:       $(elapsed "$start" "$converged_at") s ($running of $created)
   all N reached (s):       status written ${reached[status written]:--}, pods created ${reached[pods created]:--}, claims Bound ${reached[claims Bound]:--}, pods Running ${reached[pods Running]:--}, databases Running ${reached[databases Running]:--}
@@ -232,6 +276,7 @@ bench-scale: N=$N, $DBSERVICE_KWOK_NODES kwok nodes, concurrency ${CONCURRENCY:-
   API requests (converge): $(requests_by_verb)
   writes in quiet period:  $((writes_after - writes_before)) in $quiet_seconds s
   exit after SIGTERM:      $exit_after
+  SIGTERM when it leads:   $startup_exit_after (BENCH_OLD_BINARY ${BENCH_OLD_BINARY:-}: $startup_exit_before)
   CPU-seconds while converging (2 cores = $(awk -v from="$start" -v to="$converged_at" 'BEGIN {printf "%.0f", 2 * (to - from)}') CPU-s available):
 $(join "$work/cpu-before.txt" "$work/cpu-after.txt" | awk '{printf "    %-24s %.1f\n", $1, $3 - $2}')
     dbservice-operator       $(elapsed "$operator_cpu_before" "$operator_cpu_after")
