@@ -111,6 +111,9 @@ async fn a_paused_database_is_left_alone_until_resumed() {
     .await;
 }
 
+/// The taint of the nodes added for the degraded database, whose value is its namespace.
+const EXTRA_NODE_TAINT: &str = "dbservice.dev/e2e-healing";
+
 #[tokio::test]
 async fn standbys_without_resources_are_scaled_away_and_restored() {
     let Some(kubeconfig) = cluster_or_skip("standbys_without_resources_are_scaled_away_and_restored") else { return };
@@ -125,6 +128,13 @@ async fn standbys_without_resources_are_scaled_away_and_restored() {
     database.spec.replicas = Some(nodes as i32 + 1);
     database.spec.resources =
         Some(serde_json::from_value(serde_json::json!({"requests": {"cpu": "20", "memory": "1Gi"}})).unwrap());
+    // The extra nodes below are tainted for this database alone: another test's pod placed there
+    // would be deleted with the node at the end, a pod replaced under that test (issue 39: the
+    // quiet minute saw its pods replaced in a cluster where nobody touched them).
+    database.spec.placement.tolerations = Some(vec![serde_json::from_value(serde_json::json!(
+        {"key": EXTRA_NODE_TAINT, "operator": "Equal", "value": ns, "effect": "NoSchedule"}
+    ))
+    .unwrap()]);
     api.create(&PostParams::default(), &database).await.unwrap();
     let degraded = wait_for_phase(&api, "hungry", Phase::Degraded, Duration::from_secs(120)).await;
     // Other tests' pods may hold CPU too: at least the primary runs, and fewer than asked for.
@@ -137,7 +147,7 @@ async fn standbys_without_resources_are_scaled_away_and_restored() {
         (0..=nodes as i32 - running).map(|index| format!("kwok-extra-{}-{index}", std::process::id())).collect();
     for node in &extra_nodes {
         let manifest = format!(
-            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  annotations: {{kwok.x-k8s.io/node: fake}}\n  labels: {{type: kwok-extra, kubernetes.io/hostname: {node}}}\nstatus:\n  allocatable: {{cpu: '32', memory: 256Gi, pods: '110'}}\n  capacity: {{cpu: '32', memory: 256Gi, pods: '110'}}\n"
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  annotations: {{kwok.x-k8s.io/node: fake}}\n  labels: {{type: kwok-extra, kubernetes.io/hostname: {node}}}\nspec:\n  taints: [{{key: {EXTRA_NODE_TAINT}, value: {ns}, effect: NoSchedule}}]\nstatus:\n  allocatable: {{cpu: '32', memory: 256Gi, pods: '110'}}\n  capacity: {{cpu: '32', memory: 256Gi, pods: '110'}}\n"
         );
         let path = std::env::temp_dir().join(format!("{node}.yaml"));
         std::fs::write(&path, manifest).unwrap();

@@ -43,7 +43,8 @@ fn controller_reads(operator: &OperatorProcess) -> f64 {
         .sum()
 }
 
-/// The namespace's pods as name=uid (a replaced pod has a new uid).
+/// The namespace's pods as name, uid and node (a replaced pod has a new uid; the node says where
+/// it was, should one be replaced).
 fn pod_identities(namespace: &str) -> String {
     kubectl(&[
         "get",
@@ -51,15 +52,9 @@ fn pod_identities(namespace: &str) -> String {
         "-n",
         namespace,
         "-o",
-        "custom-columns=NAME:.metadata.name,UID:.metadata.uid",
+        "custom-columns=NAME:.metadata.name,UID:.metadata.uid,NODE:.spec.nodeName",
         "--no-headers",
     ])
-}
-
-/// Pods the operator deleted.
-fn pod_deletions(operator: &OperatorProcess) -> f64 {
-    let metrics = operator.metrics().unwrap_or_default();
-    metric_sum(&metrics, "dbservice_controller_writes_total", &["kind=\"Pod\"", "verb=\"delete\""])
 }
 
 /// No write and no changed object for this long counts as converged.
@@ -166,42 +161,25 @@ async fn a_converged_database_costs_zero_writes_over_a_quiet_minute() {
         "a steady pass sent GET or LIST requests; metrics:\n{}",
         operator.metrics().unwrap_or_default()
     );
-    let mut writes_before = writes_before;
-    let mut versions_start = resource_versions(&ns);
-    let mut writes_after;
-    for attempt in 1..=2 {
-        let pods_before = pod_identities(&ns);
-        let deletions_before = pod_deletions(&operator);
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        writes_after = operator.writes();
-        // Pods the cluster replaced (the operator deleted none) break the premise of a converged
-        // database: the minute is measured once more. Any other write fails at once.
-        let replaced = pod_identities(&ns) != pods_before && pod_deletions(&operator) == deletions_before;
-        if attempt == 1 && replaced && writes_after != writes_before {
-            eprintln!(
-                "quiet minute disturbed: the cluster replaced pods ({pods_before} -> {}); measuring again. Write requests:\n{}",
-                pod_identities(&ns),
-                write_requests(&operator)
-            );
-            wait_until_settled(&operator, &ns).await;
-            writes_before = operator.writes();
-            versions_start = resource_versions(&ns);
-            continue;
-        }
-        assert_eq!(
-            writes_after,
-            writes_before,
-            "the operator wrote during a quiet minute; its write requests:\n{}\nlog:\n{}",
-            write_requests(&operator),
-            operator.log_tail()
-        );
-        assert_eq!(
-            resource_versions(&ns),
-            versions_start,
-            "an object changed during a quiet minute (before the label: {versions_before})"
-        );
-        break;
-    }
+    let versions_start = resource_versions(&ns);
+    let pods_before = pod_identities(&ns);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Nothing replaces a pod of a converged database: not the operator, not another test (issue
+    // 39: pods landed on nodes the healing test added and then deleted; those nodes are tainted
+    // for its own database now).
+    assert_eq!(pod_identities(&ns), pods_before, "pods were replaced during the quiet minute");
+    assert_eq!(
+        operator.writes(),
+        writes_before,
+        "the operator wrote during a quiet minute; its write requests:\n{}\nlog:\n{}",
+        write_requests(&operator),
+        operator.log_tail()
+    );
+    assert_eq!(
+        resource_versions(&ns),
+        versions_start,
+        "an object changed during a quiet minute (before the label: {versions_before})"
+    );
     let writes_after = operator.writes();
     eprintln!("quiet minute: {writes_after} controller writes in total, peak RSS {:?} KiB", operator.peak_memory_kib());
     eprintln!("write requests:\n{}", write_requests(&operator));
