@@ -23,7 +23,7 @@ use crate::operator::database::pod_health::{self, PodHealth};
 use crate::operator::database::pod_replacement::{rolling_step, RollingStep};
 use crate::operator::database::settings::ControllerSettings;
 use crate::operator::database::summary::summarize;
-use crate::operator::journal::Journal;
+use crate::operator::journal::{Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
 use crate::quantity::parse_bytes;
 use chrono::{DateTime, Utc};
@@ -508,15 +508,6 @@ fn decide_credentials(
         let message = format!(
             "Secret {name} was deleted and has been recreated with a new password, but the database still has the old one: set it with ALTER ROLE (or restore the old Secret)"
         );
-        conditions::set(
-            &mut status.conditions,
-            types::CREDENTIALS_READY,
-            false,
-            "SecretRecreated",
-            message.clone(),
-            Some(generation),
-            now,
-        );
         let entry = LedgerEntry::at(
             now,
             generation,
@@ -525,7 +516,16 @@ fn decide_credentials(
             format!("Secret/{name}"),
             "new password generated; database still has the old one",
         );
-        journal.record(true, "CredentialsRecreated", message, Some(entry));
+        let transition = Transition {
+            condition: types::CREDENTIALS_READY,
+            status: false,
+            condition_reason: "SecretRecreated",
+            event_reason: "CredentialsRecreated",
+            warning: true,
+            message,
+            entry: Some(entry),
+        };
+        journal.transition(&mut status.conditions, transition, generation, now);
     } else {
         let message = format!("credentials are in Secret {name}");
         conditions::set(
