@@ -1,5 +1,5 @@
 use dbservice_operator::api::crd;
-use dbservice_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use dbservice_operator::cli::{Cli, Command, CrdArgs, LogFormat, RunArgs};
 use dbservice_operator::{run, telemetry};
 
 /// mimalloc instead of the C library's allocator: the shipped binary is static musl, whose
@@ -34,11 +34,7 @@ async fn main() {
             run::run(args).await
         }
         None => {
-            // `run` is the default: parse its flags from the environment alone.
-            let args = <RunArgs as clap::FromArgMatches>::from_arg_matches(
-                &<RunArgs as clap::Args>::augment_args(clap::Command::new("run")).get_matches_from(["run"]),
-            )
-            .expect("defaults parse");
+            let args = default_run_args();
             telemetry::init(args.webhook.log_format);
             run::run(args).await
         }
@@ -47,17 +43,7 @@ async fn main() {
             run::webhook(args).await
         }
         Some(Command::Crd(args)) => {
-            use dbservice_operator::api::database_service_backup as backup_api;
-            use dbservice_operator::cli::CrdKind;
-            print!(
-                "{}",
-                match (args.kind, args.spec_only) {
-                    (CrdKind::DatabaseService, true) => crd::crd_spec_yaml(),
-                    (CrdKind::DatabaseService, false) => crd::crd_yaml(),
-                    (CrdKind::Backup, true) => backup_api::crd_spec_yaml(),
-                    (CrdKind::Backup, false) => backup_api::crd_yaml(),
-                }
-            );
+            print_crd(&args);
             Ok(())
         }
         Some(Command::Certs(args)) => run::certs(args),
@@ -75,16 +61,7 @@ async fn main() {
         Some(Command::WalArchive(args)) => {
             dbservice_operator::store::wal::archive_command(args).await.map_err(Into::into)
         }
-        Some(Command::WalRestore(args)) => {
-            let standby = args.standby;
-            match dbservice_operator::store::wal::restore_command(args).await {
-                Err(error) => {
-                    eprintln!("error: {error}");
-                    std::process::exit(dbservice_operator::store::wal::restore_exit_status(&error, standby));
-                }
-                Ok(()) => Ok(()),
-            }
-        }
+        Some(Command::WalRestore(args)) => wal_restore(args).await,
         Some(Command::Backup(args)) => dbservice_operator::store::base::backup_command(args).await.map_err(Into::into),
         Some(Command::Restore(args)) => {
             dbservice_operator::store::restore::restore_command(args).await.map_err(Into::into)
@@ -105,5 +82,41 @@ async fn main() {
     if let Err(error) = result {
         eprintln!("error: {error:#}");
         std::process::exit(1);
+    }
+}
+
+/// `run` is the default: its flags parsed from the environment alone.
+fn default_run_args() -> RunArgs {
+    <RunArgs as clap::FromArgMatches>::from_arg_matches(
+        &<RunArgs as clap::Args>::augment_args(clap::Command::new("run")).get_matches_from(["run"]),
+    )
+    .expect("defaults parse")
+}
+
+/// `dbservice-operator crd`: the CustomResourceDefinition asked for, as YAML.
+fn print_crd(args: &CrdArgs) {
+    use dbservice_operator::api::database_service_backup as backup_api;
+    use dbservice_operator::cli::CrdKind;
+    print!(
+        "{}",
+        match (args.kind, args.spec_only) {
+            (CrdKind::DatabaseService, true) => crd::crd_spec_yaml(),
+            (CrdKind::DatabaseService, false) => crd::crd_yaml(),
+            (CrdKind::Backup, true) => backup_api::crd_spec_yaml(),
+            (CrdKind::Backup, false) => backup_api::crd_yaml(),
+        }
+    );
+}
+
+/// `dbservice-operator wal-restore`: a failure exits at once with the status PostgreSQL reads
+/// (a missing segment and a failure differ for it).
+async fn wal_restore(args: dbservice_operator::store::config::WalRestoreArgs) -> anyhow::Result<()> {
+    let standby = args.standby;
+    match dbservice_operator::store::wal::restore_command(args).await {
+        Err(error) => {
+            eprintln!("error: {error}");
+            std::process::exit(dbservice_operator::store::wal::restore_exit_status(&error, standby));
+        }
+        Ok(()) => Ok(()),
     }
 }

@@ -92,26 +92,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let mut shutdown = shutdown_signal();
     if args.manage_certificates {
-        let managed = ManagedCertificates {
-            namespace: args.namespace.clone(),
-            secret_name: args.certificate_secret.clone(),
-            service_name: args.webhook_service.clone(),
-            validating_webhook: args.validating_webhook_configuration.clone(),
-            mutating_webhook: args.mutating_webhook_configuration.clone(),
-            certificate_path: args.webhook.tls_cert.clone(),
-            key_path: args.webhook.tls_key.clone(),
-        };
-        // The first pass must succeed: without files there is nothing to serve.
-        let mut attempt = 0;
-        while let Err(error) = managed.reconcile(&client).await {
-            attempt += 1;
-            if attempt >= 30 {
-                return Err(anyhow::anyhow!("managing webhook certificates: {error}"));
-            }
-            tracing::warn!(%error, "cannot prepare webhook certificates yet; retrying");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        tokio::spawn(managed.run(client.clone(), Duration::from_secs(args.certificate_check_seconds)));
+        manage_webhook_certificates(&args, &client).await?;
     }
     let servers =
         start_servers(&args.webhook, Some(client.clone()), metrics.clone(), readiness.clone(), shutdown.clone())
@@ -128,22 +109,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         client: client.clone(),
         recorder: recorder(client.clone(), &args.identity),
         metrics: metrics.clone(),
-        settings: ControllerSettings {
-            min_storage_size: args.webhook.min_storage_size.clone(),
-            allowed_image_prefixes: args.webhook.allowed_image_prefixes.clone(),
-            allow_import_with_source_roles: args.webhook.allow_import_with_source_roles,
-            progress_deadline: Duration::from_secs(args.progress_deadline_seconds),
-            unhealthy_threshold: Duration::from_secs(args.unhealthy_threshold_seconds),
-            restart_backoff: Duration::from_secs(args.restart_backoff_seconds),
-            restart_backoff_cap: Duration::from_secs(args.restart_backoff_cap_seconds),
-            restore_probe: Duration::from_secs(args.restore_probe_seconds),
-            concurrency: args.concurrency,
-            watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
-            selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
-            instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
-            database_network_policy: args.database_network_policies.then(|| args.database_client_selector.clone()),
-            pooler_image: args.pooler_image.clone(),
-        },
+        settings: controller_settings(&args),
         failover_timers: Default::default(),
         checked_secrets: Default::default(),
     });
@@ -167,6 +133,52 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     tracing::info!(seconds = stopping.elapsed().as_secs_f64(), "stopped");
     Ok(())
+}
+
+/// Prepares the webhook's certificate files and keeps them (and the webhook configurations'
+/// CA bundles) current in the background.
+async fn manage_webhook_certificates(args: &RunArgs, client: &kube::Client) -> anyhow::Result<()> {
+    let managed = ManagedCertificates {
+        namespace: args.namespace.clone(),
+        secret_name: args.certificate_secret.clone(),
+        service_name: args.webhook_service.clone(),
+        validating_webhook: args.validating_webhook_configuration.clone(),
+        mutating_webhook: args.mutating_webhook_configuration.clone(),
+        certificate_path: args.webhook.tls_cert.clone(),
+        key_path: args.webhook.tls_key.clone(),
+    };
+    // The first pass must succeed: without files there is nothing to serve.
+    let mut attempt = 0;
+    while let Err(error) = managed.reconcile(client).await {
+        attempt += 1;
+        if attempt >= 30 {
+            return Err(anyhow::anyhow!("managing webhook certificates: {error}"));
+        }
+        tracing::warn!(%error, "cannot prepare webhook certificates yet; retrying");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::spawn(managed.run(client.clone(), Duration::from_secs(args.certificate_check_seconds)));
+    Ok(())
+}
+
+/// The controller's tunables from the command line.
+fn controller_settings(args: &RunArgs) -> ControllerSettings {
+    ControllerSettings {
+        min_storage_size: args.webhook.min_storage_size.clone(),
+        allowed_image_prefixes: args.webhook.allowed_image_prefixes.clone(),
+        allow_import_with_source_roles: args.webhook.allow_import_with_source_roles,
+        progress_deadline: Duration::from_secs(args.progress_deadline_seconds),
+        unhealthy_threshold: Duration::from_secs(args.unhealthy_threshold_seconds),
+        restart_backoff: Duration::from_secs(args.restart_backoff_seconds),
+        restart_backoff_cap: Duration::from_secs(args.restart_backoff_cap_seconds),
+        restore_probe: Duration::from_secs(args.restore_probe_seconds),
+        concurrency: args.concurrency,
+        watch_namespace: Some(args.watch_namespace.clone()).filter(|namespace| !namespace.is_empty()),
+        selector: Some(args.selector.clone()).filter(|selector| !selector.is_empty()),
+        instance_image: Some(args.instance_image.clone()).filter(|image| !image.is_empty()),
+        database_network_policy: args.database_network_policies.then(|| args.database_client_selector.clone()),
+        pooler_image: args.pooler_image.clone(),
+    }
 }
 
 /// Longest time from SIGTERM to exit, whatever the number of databases: below the chart's

@@ -107,25 +107,56 @@ pub fn validate(
             return outcome;
         }
     }
+    let spec = &object.spec;
+    let errors = &mut outcome.errors;
+    validate_workload(object, old.map(|old| &old.spec), settings, errors);
+    let mut postgresql_warnings = Vec::new();
+    validate_server_features(object, errors, &mut postgresql_warnings);
+    let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
+    crate::admission::backup_validation::validate_backup_spec(name, spec, errors);
+    crate::admission::import_validation::validate_import(spec, errors);
+    validate_import_roles(spec, old.map(|old| &old.spec), settings, errors);
+    if let Some(failover) = &spec.failover {
+        validate_failover(failover, spec.replicas_or_default(), errors);
+    }
+    validate_synchronous_commit(spec, errors, &mut postgresql_warnings);
+    if let Some(old) = old {
+        validate_update(&old.spec, spec, errors);
+        validate_scale_down(old, spec, errors);
+        validate_major_upgrade_in_progress(old, spec, errors);
+    }
+    outcome.warnings = warnings(spec, settings);
+    outcome.warnings.extend(postgresql_warnings);
+    outcome
+}
+
+/// The name, the version, the storage, the replicas, the database and user names, the images,
+/// the certificate Secret and the placement.
+fn validate_workload(
+    object: &DatabaseService,
+    old: Option<&DatabaseServiceSpec>,
+    settings: &ValidationSettings,
+    errors: &mut Vec<FieldError>,
+) {
     if let Some(name) = object.metadata.name.as_deref() {
-        validate_name(name, &mut outcome.errors);
+        validate_name(name, errors);
     }
     let spec = &object.spec;
-    validate_version(&spec.version, &mut outcome.errors);
-    validate_storage(spec, settings, &mut outcome.errors);
+    validate_version(&spec.version, errors);
+    validate_storage(spec, settings, errors);
     if let Some(replicas) = spec.replicas {
         if !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas) {
-            outcome.errors.push(FieldError::invalid(
+            errors.push(FieldError::invalid(
                 "spec.replicas",
                 replicas,
                 format!("must be between {MIN_REPLICAS} and {MAX_REPLICAS}"),
             ));
         }
     }
-    validate_identifier("spec.databaseName", &spec.database_name, &mut outcome.errors);
-    validate_identifier("spec.username", &spec.username, &mut outcome.errors);
+    validate_identifier("spec.databaseName", &spec.database_name, errors);
+    validate_identifier("spec.username", &spec.username, errors);
     if [SUPERUSER, REPLICATION_USER].contains(&spec.username.as_str()) || spec.username.starts_with("pg_") {
-        outcome.errors.push(FieldError {
+        errors.push(FieldError {
             path: "spec.username".into(),
             kind: FieldErrorKind::Forbidden,
             detail: format!(
@@ -135,57 +166,42 @@ pub fn validate(
         });
     }
     if let Some(image) = spec.image.as_deref() {
-        validate_image(image, &mut outcome.errors);
+        validate_image(image, errors);
     }
-    validate_image_sources(spec, old.map(|old| &old.spec), settings, &mut outcome.errors);
+    validate_image_sources(spec, old, settings, errors);
     if let Some(storage_class) = spec.storage_class_name.as_deref() {
-        validate_storage_class(storage_class, &mut outcome.errors);
+        validate_storage_class(storage_class, errors);
     }
     if let Some(secret) = spec.user_server_certificate() {
-        validate_secret_name("spec.tls.serverCertificateSecret", secret, &mut outcome.errors);
+        validate_secret_name("spec.tls.serverCertificateSecret", secret, errors);
     }
-    crate::admission::placement_validation::validate_placement(&spec.placement, &mut outcome.errors);
-    let mut postgresql_warnings = Vec::new();
-    if let Some(postgresql) = &spec.postgresql {
-        let major = major_version(&spec.version)
-            .filter(|major| (OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(major));
-        crate::admission::postgresql_validation::validate_postgresql(
-            postgresql,
-            major,
-            &mut outcome.errors,
-            &mut postgresql_warnings,
-        );
-    }
+    crate::admission::placement_validation::validate_placement(&spec.placement, errors);
+}
+
+/// Server settings, declared roles and databases, monitoring, the pooler and initdb's arguments.
+fn validate_server_features(
+    object: &DatabaseService,
+    errors: &mut Vec<FieldError>,
+    postgresql_warnings: &mut Vec<String>,
+) {
+    let spec = &object.spec;
     let major =
         major_version(&spec.version).filter(|major| (OLDEST_SUPPORTED_MAJOR..=NEWEST_SUPPORTED_MAJOR).contains(major));
-    crate::admission::roles_validation::validate_declarations(spec, major, &mut outcome.errors);
+    if let Some(postgresql) = &spec.postgresql {
+        crate::admission::postgresql_validation::validate_postgresql(postgresql, major, errors, postgresql_warnings);
+    }
+    crate::admission::roles_validation::validate_declarations(spec, major, errors);
     if let Some(monitoring) = &spec.monitoring {
-        crate::admission::monitoring_validation::validate_monitoring(monitoring, &mut outcome.errors);
+        crate::admission::monitoring_validation::validate_monitoring(monitoring, errors);
     }
     if let Some(pooler) = &spec.pooler {
         let name = object.metadata.name.as_deref().unwrap_or_default();
-        crate::admission::pooler_validation::validate_pooler(name, pooler, &mut outcome.errors);
+        crate::admission::pooler_validation::validate_pooler(name, pooler, errors);
     }
     if let Some(initdb) = spec.initdb() {
         let recovering = spec.bootstrap.as_ref().is_some_and(|bootstrap| bootstrap.recovery.is_some());
-        crate::admission::postgresql_validation::validate_initdb(initdb, recovering, &mut outcome.errors);
+        crate::admission::postgresql_validation::validate_initdb(initdb, recovering, errors);
     }
-    let name = object.metadata.name.as_deref().filter(|name| !name.is_empty()).unwrap_or("database");
-    crate::admission::backup_validation::validate_backup_spec(name, spec, &mut outcome.errors);
-    crate::admission::import_validation::validate_import(spec, &mut outcome.errors);
-    validate_import_roles(spec, old.map(|old| &old.spec), settings, &mut outcome.errors);
-    if let Some(failover) = &spec.failover {
-        validate_failover(failover, spec.replicas_or_default(), &mut outcome.errors);
-    }
-    validate_synchronous_commit(spec, &mut outcome.errors, &mut postgresql_warnings);
-    if let Some(old) = old {
-        validate_update(&old.spec, spec, &mut outcome.errors);
-        validate_scale_down(old, spec, &mut outcome.errors);
-        validate_major_upgrade_in_progress(old, spec, &mut outcome.errors);
-    }
-    outcome.warnings = warnings(spec, settings);
-    outcome.warnings.extend(postgresql_warnings);
-    outcome
 }
 
 /// The object an in-pod agent acts on (pure): `database` itself when its spec passes the one

@@ -292,52 +292,9 @@ impl<C: ControlPlane> Agent<C> {
             }
             return Ok(());
         }
-        // The volume, not the directory: PGDATA may not exist yet before the first clone.
-        let volume = self.config.pgdata.parent().unwrap_or(&self.config.pgdata);
-        let free = free_bytes(volume);
-        if free.is_some_and(|free| free < DISK_FULL_BYTES) != self.disk_full {
-            self.disk_full = !self.disk_full;
-            tracing::warn!(instance = %self.config.name, free_bytes = ?free, disk_full = self.disk_full, "data volume space");
-        }
-        if let LocalState::Ready(sample) = &local {
-            self.last_sample = Some(sample.clone());
-            self.role = Some(if sample.in_recovery { Role::Standby } else { Role::Primary });
-            self.archiving =
-                sample.archiver.as_ref().map(|archiver| archiving_report(self.archiving.as_ref(), archiver));
-        }
-        if let Some(synchronous) = &desired.synchronous {
-            self.synchronous_wanted = Some(synchronous.clone());
-        }
-        if matches!(local, LocalState::Ready(_)) {
-            if let Err(error) = self.keep_synchronous_standbys().await {
-                tracing::warn!(instance = %self.config.name, %error, "could not set synchronous_standby_names");
-            }
-        }
-        if matches!(local, LocalState::Ready(_)) {
-            self.keep_certificates().await;
-        }
-        self.configuration.want(desired.configuration.as_ref());
-        if matches!(local, LocalState::Ready(_)) {
-            self.configuration.keep(&self.config, &mut self.postgres).await;
-            self.keep_owned_settings().await;
-        }
-        self.declared.want(desired.declarations.as_ref());
-        self.import.want(desired.import.as_ref());
-        if matches!(&local, LocalState::Ready(sample) if !sample.in_recovery) {
-            self.upgrade.primary_ready(&self.config);
-            self.roles.keep(&self.config);
-            // Declared roles may be owned by or granted the application's role, and imported
-            // objects are owned by it: once it is kept.
-            if self.roles.done() || self.config.roles.is_none() {
-                self.import.keep(&self.config, &self.secrets);
-                if self.import.settled() {
-                    self.declared.keep(&self.config, &self.secrets);
-                }
-            }
-        }
-        if let LocalState::Ready(sample) = &local {
-            self.drop_obsolete_slots(!sample.in_recovery, &desired.instances).await;
-        }
+        self.note_disk_space();
+        self.note_sample(&local);
+        self.keep_server(&local, &desired).await;
         let me = self.config.name.as_str();
         let target_me = desired.target_primary.as_deref() == Some(me);
         let target_other = desired.target_primary.is_some() && !target_me;
@@ -366,6 +323,66 @@ impl<C: ControlPlane> Agent<C> {
             return self.publish(&LocalState::Down).await;
         }
         self.publish(&local).await
+    }
+
+    /// Notes whether the data volume is (nearly) full, logging each change.
+    fn note_disk_space(&mut self) {
+        // The volume, not the directory: PGDATA may not exist yet before the first clone.
+        let volume = self.config.pgdata.parent().unwrap_or(&self.config.pgdata);
+        let free = free_bytes(volume);
+        if free.is_some_and(|free| free < DISK_FULL_BYTES) != self.disk_full {
+            self.disk_full = !self.disk_full;
+            tracing::warn!(instance = %self.config.name, free_bytes = ?free, disk_full = self.disk_full, "data volume space");
+        }
+    }
+
+    /// Remembers what a server that answered said: its sample, its role and its archiving.
+    fn note_sample(&mut self, local: &LocalState) {
+        if let LocalState::Ready(sample) = local {
+            self.last_sample = Some(sample.clone());
+            self.role = Some(if sample.in_recovery { Role::Standby } else { Role::Primary });
+            self.archiving =
+                sample.archiver.as_ref().map(|archiver| archiving_report(self.archiving.as_ref(), archiver));
+        }
+    }
+
+    /// Keeps the local server as the operator wants it: synchronous standbys, certificates,
+    /// configuration and owned settings; on a primary, the roles, the import and the declared
+    /// objects; and the replication slots.
+    async fn keep_server(&mut self, local: &LocalState, desired: &Desired) {
+        if let Some(synchronous) = &desired.synchronous {
+            self.synchronous_wanted = Some(synchronous.clone());
+        }
+        if matches!(local, LocalState::Ready(_)) {
+            if let Err(error) = self.keep_synchronous_standbys().await {
+                tracing::warn!(instance = %self.config.name, %error, "could not set synchronous_standby_names");
+            }
+        }
+        if matches!(local, LocalState::Ready(_)) {
+            self.keep_certificates().await;
+        }
+        self.configuration.want(desired.configuration.as_ref());
+        if matches!(local, LocalState::Ready(_)) {
+            self.configuration.keep(&self.config, &mut self.postgres).await;
+            self.keep_owned_settings().await;
+        }
+        self.declared.want(desired.declarations.as_ref());
+        self.import.want(desired.import.as_ref());
+        if matches!(local, LocalState::Ready(sample) if !sample.in_recovery) {
+            self.upgrade.primary_ready(&self.config);
+            self.roles.keep(&self.config);
+            // Declared roles may be owned by or granted the application's role, and imported
+            // objects are owned by it: once it is kept.
+            if self.roles.done() || self.config.roles.is_none() {
+                self.import.keep(&self.config, &self.secrets);
+                if self.import.settled() {
+                    self.declared.keep(&self.config, &self.secrets);
+                }
+            }
+        }
+        if let LocalState::Ready(sample) = local {
+            self.drop_obsolete_slots(!sample.in_recovery, &desired.instances).await;
+        }
     }
 
     /// Carries out what the operator wants, given what the local server is doing.

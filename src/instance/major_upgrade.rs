@@ -294,7 +294,7 @@ pub async fn upgrade(
     own_initdb_arguments: &[String],
     method: UpgradeMethod,
 ) -> Result<UpgradeOutcome, MajorUpgradeError> {
-    let UpgradeTarget { pgdata, bin, previous_bin, superuser, os_user } = target;
+    let UpgradeTarget { pgdata, bin, previous_bin, os_user, .. } = target;
     let paths = UpgradePaths::of(pgdata);
     let mut outcome = UpgradeOutcome {
         from_major: data_major(&paths.data).unwrap_or_default(),
@@ -308,21 +308,7 @@ pub async fn upgrade(
     create_directory(os_user, &work)?;
     let data = paths.data.display().to_string();
 
-    let started = Instant::now();
-    let control =
-        run(os_user, previous_bin, "pg_controldata", &["-D".into(), data.clone()], TOOL_TIMEOUT, None).await?;
-    if !control.lines().any(|line| line.starts_with("Database cluster state") && line.ends_with("shut down")) {
-        // pg_upgrade wants a clean shutdown: crash recovery by the old major, then a clean stop.
-        let socket = format!(
-            "-c listen_addresses='' -c unix_socket_directories={} -p {OLD_PORT} {NO_ARCHIVING}",
-            work.display()
-        );
-        let start = ["-D".into(), data.clone(), "-w".into(), "-o".into(), socket, "start".into()];
-        let stop = ["-D".into(), data.clone(), "-w".into(), "-m".into(), "fast".into(), "stop".into()];
-        run(os_user, previous_bin, "pg_ctl", &start, TOOL_TIMEOUT, Some(&work)).await?;
-        run(os_user, previous_bin, "pg_ctl", &stop, TOOL_TIMEOUT, Some(&work)).await?;
-        outcome.steps.push(("clean stop by the previous major", started.elapsed().as_secs_f64()));
-    }
+    stop_cleanly(&target, &data, &work, &mut outcome).await?;
     let control =
         run(os_user, previous_bin, "pg_controldata", &["-D".into(), data.clone()], TOOL_TIMEOUT, None).await?;
     if let Some(free) = crate::instance::postgres::free_bytes(&paths.data) {
@@ -334,7 +320,7 @@ pub async fn upgrade(
 
     let started = Instant::now();
     let mut initdb = vec!["-D".to_string(), paths.next.display().to_string()];
-    initdb.extend(initdb_arguments(&control, own_initdb_arguments, superuser, outcome.to_major));
+    initdb.extend(initdb_arguments(&control, own_initdb_arguments, target.superuser, outcome.to_major));
     let made = run(os_user, bin, "initdb", &initdb, TOOL_TIMEOUT, Some(&work)).await;
     if let Err(error) = made {
         remove_if_present(&paths.next)?;
@@ -342,10 +328,52 @@ pub async fn upgrade(
     }
     outcome.steps.push(("initdb", started.elapsed().as_secs_f64()));
 
+    run_pg_upgrade(&target, &paths, &work, method, &mut outcome).await?;
+    swap_in(os_user, &paths, method, &outcome)?;
+    remove_if_present(&work)?;
+    Ok(outcome)
+}
+
+/// pg_upgrade wants a clean shutdown: when the old cluster was not shut down cleanly, the
+/// previous major runs its crash recovery, then stops cleanly.
+async fn stop_cleanly(
+    target: &UpgradeTarget<'_>,
+    data: &str,
+    work: &Path,
+    outcome: &mut UpgradeOutcome,
+) -> Result<(), MajorUpgradeError> {
+    let UpgradeTarget { previous_bin, os_user, .. } = *target;
+    let started = Instant::now();
+    let control =
+        run(os_user, previous_bin, "pg_controldata", &["-D".into(), data.to_string()], TOOL_TIMEOUT, None).await?;
+    if control.lines().any(|line| line.starts_with("Database cluster state") && line.ends_with("shut down")) {
+        return Ok(());
+    }
+    let socket =
+        format!("-c listen_addresses='' -c unix_socket_directories={} -p {OLD_PORT} {NO_ARCHIVING}", work.display());
+    let start = ["-D".into(), data.to_string(), "-w".into(), "-o".into(), socket, "start".into()];
+    let stop = ["-D".into(), data.to_string(), "-w".into(), "-m".into(), "fast".into(), "stop".into()];
+    run(os_user, previous_bin, "pg_ctl", &start, TOOL_TIMEOUT, Some(work)).await?;
+    run(os_user, previous_bin, "pg_ctl", &stop, TOOL_TIMEOUT, Some(work)).await?;
+    outcome.steps.push(("clean stop by the previous major", started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// `pg_upgrade --check`, then `pg_upgrade` into the new cluster made beside the old one; on a
+/// failure the new cluster goes (and link mode's change to the old one is undone), with
+/// pg_upgrade's reason.
+async fn run_pg_upgrade(
+    target: &UpgradeTarget<'_>,
+    paths: &UpgradePaths,
+    work: &Path,
+    method: UpgradeMethod,
+    outcome: &mut UpgradeOutcome,
+) -> Result<(), MajorUpgradeError> {
+    let UpgradeTarget { bin, previous_bin, superuser, os_user, .. } = *target;
     let mut arguments = vec![
         format!("--old-bindir={}", previous_bin.display()),
         format!("--new-bindir={}", bin.display()),
-        format!("--old-datadir={data}"),
+        format!("--old-datadir={}", paths.data.display()),
         format!("--new-datadir={}", paths.next.display()),
         format!("--username={superuser}"),
         format!("--socketdir={}", work.display()),
@@ -361,7 +389,7 @@ pub async fn upgrade(
     let started = Instant::now();
     let mut check = arguments.clone();
     check.push("--check".into());
-    if let Err(error) = run(os_user, bin, "pg_upgrade", &check, UPGRADE_TIMEOUT, Some(&work)).await {
+    if let Err(error) = run(os_user, bin, "pg_upgrade", &check, UPGRADE_TIMEOUT, Some(work)).await {
         let error = match error {
             MajorUpgradeError::Step { detail, .. } => {
                 MajorUpgradeError::Refused(refusal(&detail, &problem_reports(&detail)))
@@ -373,7 +401,7 @@ pub async fn upgrade(
     }
     outcome.steps.push(("pg_upgrade --check", started.elapsed().as_secs_f64()));
     let started = Instant::now();
-    if let Err(error) = run(os_user, bin, "pg_upgrade", &arguments, UPGRADE_TIMEOUT, Some(&work)).await {
+    if let Err(error) = run(os_user, bin, "pg_upgrade", &arguments, UPGRADE_TIMEOUT, Some(work)).await {
         let error = match error {
             MajorUpgradeError::Step { step, detail } => {
                 MajorUpgradeError::Step { step, detail: refusal(&detail, &problem_reports(&detail)) }
@@ -387,7 +415,17 @@ pub async fn upgrade(
         return Err(error);
     }
     outcome.steps.push(("pg_upgrade", started.elapsed().as_secs_f64()));
+    Ok(())
+}
 
+/// Swaps the complete new cluster in: the configuration files and the marker go into it, the old
+/// cluster waits as `pgdata.previous` (see [`swap_back`] and [`commit`]).
+fn swap_in(
+    os_user: Option<(u32, u32)>,
+    paths: &UpgradePaths,
+    method: UpgradeMethod,
+    outcome: &UpgradeOutcome,
+) -> Result<(), MajorUpgradeError> {
     // The operator's and the user's configuration files come along (pg_upgrade moves only data).
     for entry in std::fs::read_dir(&paths.data).map_err(files("reading", &paths.data))? {
         let entry = entry.map_err(files("reading", &paths.data))?;
@@ -406,8 +444,7 @@ pub async fn upgrade(
     std::fs::rename(&paths.data, &paths.previous).map_err(files("moving aside", &paths.data))?;
     std::fs::rename(&paths.next, &paths.data).map_err(files("moving in", &paths.next))?;
     sync_directory(&paths.data);
-    remove_if_present(&work)?;
-    Ok(outcome)
+    Ok(())
 }
 
 /// Puts back what link mode did to the old cluster when pg_upgrade failed: it renames

@@ -246,7 +246,23 @@ pub async fn keep_roles(config: &InstanceConfig, settings: &RoleSettings) -> Res
         literal(&settings.superuser_password)
     )]);
     run(&superuser, "setting the superuser's password", &password).await?;
+    kept.superuser_taken_away = keep_application_role(config, settings, &superuser).await?;
+    keep_replication_role(config, &superuser).await?;
+    hand_over_databases(config, settings, &superuser, migrating).await?;
+    if migrating {
+        let drop = format!("DROP ROLE IF EXISTS {}", identifier(MIGRATION_ROLE));
+        run(&superuser, "dropping the migration role", &drop).await?;
+    }
+    Ok(kept)
+}
 
+/// Makes the application's role exist as an ordinary role; true when it was a superuser and no
+/// longer is.
+async fn keep_application_role(
+    config: &InstanceConfig,
+    settings: &RoleSettings,
+    superuser: &Client,
+) -> Result<bool, KeepRolesError> {
     let application = identifier(&settings.application_user);
     let row = tokio::time::timeout(
         STATEMENT_TIMEOUT,
@@ -266,31 +282,33 @@ pub async fn keep_roles(config: &InstanceConfig, settings: &RoleSettings) -> Res
                 "CREATE ROLE {application} LOGIN PASSWORD {}",
                 literal(&settings.application_password)
             )]);
-            run(&superuser, "creating the application role", &create).await?;
+            run(superuser, "creating the application role", &create).await?;
+            Ok(false)
         }
-        Some((_, true)) => {
-            return Err(KeepRolesError::NameTaken {
-                application: settings.application_user.clone(),
-                superuser: config.superuser.clone(),
-            })
-        }
+        Some((_, true)) => Err(KeepRolesError::NameTaken {
+            application: settings.application_user.clone(),
+            superuser: config.superuser.clone(),
+        }),
         Some((true, false)) => {
             run(
-                &superuser,
+                superuser,
                 "making the application role an ordinary role",
                 &format!("ALTER ROLE {application} NOSUPERUSER"),
             )
             .await?;
-            kept.superuser_taken_away = true;
+            Ok(true)
         }
-        Some((false, false)) => {}
+        Some((false, false)) => Ok(false),
     }
+}
 
+/// The replication role may switch WAL files and has the replication Secret's password.
+async fn keep_replication_role(config: &InstanceConfig, superuser: &Client) -> Result<(), KeepRolesError> {
     // A backup completes its last WAL segment with pg_switch_wal() as the replication role (the
     // application's role, which did it before, is no superuser any more).
     let grant =
         format!("GRANT EXECUTE ON FUNCTION pg_catalog.pg_switch_wal() TO {}", identifier(&config.replication_user));
-    run(&superuser, "letting the replication role switch WAL files", &grant).await?;
+    run(superuser, "letting the replication role switch WAL files", &grant).await?;
     // The replication role's password is the replication Secret's (one made again after it was
     // deleted takes effect here; the standbys read the same file).
     if !config.replication_password.is_empty() {
@@ -299,31 +317,39 @@ pub async fn keep_roles(config: &InstanceConfig, settings: &RoleSettings) -> Res
             identifier(&config.replication_user),
             literal(&config.replication_password)
         )]);
-        run(&superuser, "setting the replication role's password", &password).await?;
+        run(superuser, "setting the replication role's password", &password).await?;
     }
+    Ok(())
+}
 
-    // The databases to hand over: during a migration every database the bootstrap role made
-    // (the application's among them), afterwards only the application's, if it changed hands.
-    let databases: Vec<String> = {
-        let query = if migrating {
-            "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND (datname = $1 OR (datdba = 10 AND oid >= 16384) OR datname IN ('postgres', 'template1'))"
-        } else {
-            "SELECT datname FROM pg_catalog.pg_database WHERE datname = $1 AND datdba <> (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $2)"
-        };
-        let parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            if migrating { vec![&settings.database] } else { vec![&settings.database, &settings.application_user] };
-        tokio::time::timeout(STATEMENT_TIMEOUT, superuser.query(query, &parameters))
-            .await
-            .map_err(|_| KeepRolesError::Timeout("listing the databases"))?
-            .map_err(|error| KeepRolesError::Statement { step: "listing the databases", detail: detail(&error) })?
-            .iter()
-            .map(|row| row.get(0))
-            .collect()
+/// Hands the databases (and the objects in them) to the application's role: during a migration
+/// every database the bootstrap role made (the application's among them), afterwards only the
+/// application's, if it changed hands.
+async fn hand_over_databases(
+    config: &InstanceConfig,
+    settings: &RoleSettings,
+    superuser: &Client,
+    migrating: bool,
+) -> Result<(), KeepRolesError> {
+    let application = identifier(&settings.application_user);
+    let query = if migrating {
+        "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND (datname = $1 OR (datdba = 10 AND oid >= 16384) OR datname IN ('postgres', 'template1'))"
+    } else {
+        "SELECT datname FROM pg_catalog.pg_database WHERE datname = $1 AND datdba <> (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $2)"
     };
+    let parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        if migrating { vec![&settings.database] } else { vec![&settings.database, &settings.application_user] };
+    let databases: Vec<String> = tokio::time::timeout(STATEMENT_TIMEOUT, superuser.query(query, &parameters))
+        .await
+        .map_err(|_| KeepRolesError::Timeout("listing the databases"))?
+        .map_err(|error| KeepRolesError::Statement { step: "listing the databases", detail: detail(&error) })?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
     for database in &databases {
         if database != "postgres" && database != "template1" {
             let statement = format!("ALTER DATABASE {} OWNER TO {application}", identifier(database));
-            run(&superuser, "handing a database to the application role", &statement).await?;
+            run(superuser, "handing a database to the application role", &statement).await?;
         }
         let inside = connect(config, &config.superuser, database).await?;
         run(
@@ -333,11 +359,7 @@ pub async fn keep_roles(config: &InstanceConfig, settings: &RoleSettings) -> Res
         )
         .await?;
     }
-    if migrating {
-        let drop = format!("DROP ROLE IF EXISTS {}", identifier(MIGRATION_ROLE));
-        run(&superuser, "dropping the migration role", &drop).await?;
-    }
-    Ok(kept)
+    Ok(())
 }
 
 /// Pause before a failed [`keep_roles`] is tried again.

@@ -4,10 +4,13 @@
 //! archiving, the last backups, the certificates, declared roles and databases, and the recent
 //! ledger. Reading is one GET per object; rendering is pure and tested here.
 
-use crate::api::database_service::DatabaseService;
+use crate::api::database_service::{DatabaseService, DatabaseServiceStatus};
 use crate::api::database_service_backup::{BackupPhase, DatabaseServiceBackup};
+use crate::api::failover::InstanceStatus;
+use crate::api::import::ImportStatus;
+use crate::api::major_upgrade::MajorUpgradeStatus;
 use crate::api::names::ChildNames;
-use crate::api::roles::ObjectState;
+use crate::api::roles::{DeclaredObjectsStatus, ObjectState};
 use crate::operator::conditions::types::CONTINUOUS_ARCHIVING;
 use crate::operator::database::build::tls::NOT_AFTER_ANNOTATION;
 use crate::operator::ledger::{parse, LedgerEntry, LEDGER_KEY};
@@ -121,8 +124,29 @@ pub fn render(view: &StatusView) -> String {
     let database = &view.database;
     let status = database.status.clone().unwrap_or_default();
     let name = database.metadata.name.clone().unwrap_or_default();
-    let namespace = database.metadata.namespace.clone().unwrap_or_default();
     let mut out = String::new();
+    render_summary(&mut out, database, &status);
+    render_instances(&mut out, &status.instances);
+    render_archiving_and_backups(&mut out, view, &status);
+    render_certificates(&mut out, view, &name);
+    if let Some(declared) = &status.declared {
+        render_declared(&mut out, declared);
+    }
+    if let Some(import) = &status.import {
+        render_import(&mut out, import);
+    }
+    if let Some(upgrade) = &status.major_upgrade {
+        render_major_upgrade(&mut out, upgrade);
+    }
+    render_conditions(&mut out, &status);
+    render_recent_ledger(&mut out, &view.ledger);
+    out
+}
+
+/// The heading: phase, readiness, versions, the primary and any change of primary in progress.
+fn render_summary(out: &mut String, database: &DatabaseService, status: &DatabaseServiceStatus) {
+    let name = database.metadata.name.clone().unwrap_or_default();
+    let namespace = database.metadata.namespace.clone().unwrap_or_default();
     let _ = writeln!(out, "DatabaseService {namespace}/{name}");
     let _ = writeln!(
         out,
@@ -147,37 +171,43 @@ pub fn render(view: &StatusView) -> String {
     if let Some(transition) = &failover.transition {
         let _ = writeln!(out, "  in progress: {:?} since {}", transition.kind, transition.started_at);
     }
+}
 
+/// One line per reported instance.
+fn render_instances(out: &mut String, instances: &[InstanceStatus]) {
     let _ = writeln!(out, "\nInstances");
-    if status.instances.is_empty() {
+    if instances.is_empty() {
         let _ = writeln!(out, "  none reported yet");
-    } else {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<24} {:<8} {:<6} {:<9} {:<8} {:<12} PENDING RESTART",
+        "NAME", "ROLE", "READY", "STREAMING", "TIMELINE", "LAG"
+    );
+    for instance in instances {
         let _ = writeln!(
             out,
-            "  {:<24} {:<8} {:<6} {:<9} {:<8} {:<12} PENDING RESTART",
-            "NAME", "ROLE", "READY", "STREAMING", "TIMELINE", "LAG"
+            "  {:<24} {:<8} {:<6} {:<9} {:<8} {:<12} {}",
+            instance.name,
+            instance.role,
+            instance.ready,
+            if instance.role == "standby" { instance.streaming.to_string() } else { "-".into() },
+            or_dash(instance.timeline),
+            or_dash(instance.lag_bytes.map(bytes)),
+            if instance.pending_restart.is_empty() { "-".into() } else { instance.pending_restart.join(",") },
         );
-        for instance in &status.instances {
-            let _ = writeln!(
-                out,
-                "  {:<24} {:<8} {:<6} {:<9} {:<8} {:<12} {}",
-                instance.name,
-                instance.role,
-                instance.ready,
-                if instance.role == "standby" { instance.streaming.to_string() } else { "-".into() },
-                or_dash(instance.timeline),
-                or_dash(instance.lag_bytes.map(bytes)),
-                if instance.pending_restart.is_empty() { "-".into() } else { instance.pending_restart.join(",") },
-            );
-        }
     }
+}
 
+/// Continuous archiving, the recovery window and the newest backups.
+fn render_archiving_and_backups(out: &mut String, view: &StatusView, status: &DatabaseServiceStatus) {
     let _ = writeln!(out, "\nArchiving and backups");
     match status.conditions.iter().find(|condition| condition.type_ == CONTINUOUS_ARCHIVING) {
         Some(condition) => {
             let _ = writeln!(out, "  archiving: {} ({}) {}", condition.status, condition.reason, condition.message);
         }
-        None if database.spec.backup.is_some() => {
+        None if view.database.spec.backup.is_some() => {
             let _ = writeln!(out, "  archiving: not reported yet");
         }
         None => {
@@ -208,9 +238,12 @@ pub fn render(view: &StatusView) -> String {
             or_dash(backup_status.end_time),
         );
     }
+}
 
+/// The server certificate (the user's or the operator's) and the CA's expiry.
+fn render_certificates(out: &mut String, view: &StatusView, name: &str) {
     let _ = writeln!(out, "\nCertificates");
-    match (&database.spec.tls, &view.server_certificate_not_after) {
+    match (&view.database.spec.tls, &view.server_certificate_not_after) {
         (Some(tls), _) if tls.server_certificate_secret.is_some() => {
             let _ = writeln!(
                 out,
@@ -222,7 +255,7 @@ pub fn render(view: &StatusView) -> String {
             let _ = writeln!(
                 out,
                 "  server ({}): expires {}",
-                ChildNames::server_certificate(&name),
+                ChildNames::server_certificate(name),
                 or_dash(not_after.as_deref())
             );
         }
@@ -230,88 +263,96 @@ pub fn render(view: &StatusView) -> String {
     let _ = writeln!(
         out,
         "  CA ({}): expires {}",
-        ChildNames::certificate_authority(&name),
+        ChildNames::certificate_authority(name),
         or_dash(view.ca_not_after.as_deref())
     );
+}
 
-    if let Some(declared) = &status.declared {
-        let _ = writeln!(out, "\nRoles and databases");
-        for (kind, objects) in [("role", &declared.roles), ("database", &declared.databases)] {
-            for object in objects {
-                let state = match object.state {
-                    ObjectState::Present => "present",
-                    ObjectState::Absent => "absent",
-                    ObjectState::Failed => "FAILED",
-                };
-                let _ = writeln!(
-                    out,
-                    "  {kind:<8} {:<24} {state} {}",
-                    object.name,
-                    object.message.as_deref().unwrap_or_default()
-                );
-            }
-        }
-    }
-
-    if let Some(import) = &status.import {
-        let _ = writeln!(
-            out,
-            "\nImport: {:?} after {} attempt(s) from PostgreSQL {}",
-            import.phase,
-            import.attempts,
-            or_dash(import.source_version.as_deref())
-        );
-        for database in &import.databases {
-            let _ = writeln!(out, "  database {:<24} {:.1} s", database.name, database.milliseconds as f64 / 1000.0);
-        }
-        if let Some(message) = &import.message {
-            let _ = writeln!(out, "  last error: {message}");
-        }
-    }
-
-    if let Some(upgrade) = &status.major_upgrade {
-        let downtime =
-            upgrade.downtime_milliseconds.map(|milliseconds| format!("{:.1} s", milliseconds as f64 / 1000.0));
-        let _ = writeln!(
-            out,
-            "\nMajor upgrade: {} to {} {:?} (primary {}, down {}, statistics {})",
-            upgrade.from_version,
-            upgrade.to_version,
-            upgrade.phase,
-            upgrade.primary,
-            or_dash(downtime.as_deref()),
-            or_dash(upgrade.analyze.as_deref())
-        );
-        for step in &upgrade.steps {
-            let _ = writeln!(out, "  {:<32} {:.1} s", step.name, step.milliseconds as f64 / 1000.0);
-        }
-        if let Some(message) = &upgrade.message {
-            let _ = writeln!(out, "  {message}");
-        }
-    }
-
-    let conditions: Vec<_> =
-        status.conditions.iter().filter(|condition| condition.type_ != CONTINUOUS_ARCHIVING).collect();
-    if !conditions.is_empty() {
-        let _ = writeln!(out, "\nConditions");
-        for condition in conditions {
+/// Declared roles and databases with their state.
+fn render_declared(out: &mut String, declared: &DeclaredObjectsStatus) {
+    let _ = writeln!(out, "\nRoles and databases");
+    for (kind, objects) in [("role", &declared.roles), ("database", &declared.databases)] {
+        for object in objects {
+            let state = match object.state {
+                ObjectState::Present => "present",
+                ObjectState::Absent => "absent",
+                ObjectState::Failed => "FAILED",
+            };
             let _ = writeln!(
                 out,
-                "  {:<17} {:<5} {:<26} {}",
-                condition.type_, condition.status, condition.reason, condition.message
+                "  {kind:<8} {:<24} {state} {}",
+                object.name,
+                object.message.as_deref().unwrap_or_default()
             );
         }
     }
+}
 
+/// The import's phase, per-database durations and last error.
+fn render_import(out: &mut String, import: &ImportStatus) {
+    let _ = writeln!(
+        out,
+        "\nImport: {:?} after {} attempt(s) from PostgreSQL {}",
+        import.phase,
+        import.attempts,
+        or_dash(import.source_version.as_deref())
+    );
+    for database in &import.databases {
+        let _ = writeln!(out, "  database {:<24} {:.1} s", database.name, database.milliseconds as f64 / 1000.0);
+    }
+    if let Some(message) = &import.message {
+        let _ = writeln!(out, "  last error: {message}");
+    }
+}
+
+/// The major upgrade's versions, phase, downtime and step durations.
+fn render_major_upgrade(out: &mut String, upgrade: &MajorUpgradeStatus) {
+    let downtime = upgrade.downtime_milliseconds.map(|milliseconds| format!("{:.1} s", milliseconds as f64 / 1000.0));
+    let _ = writeln!(
+        out,
+        "\nMajor upgrade: {} to {} {:?} (primary {}, down {}, statistics {})",
+        upgrade.from_version,
+        upgrade.to_version,
+        upgrade.phase,
+        upgrade.primary,
+        or_dash(downtime.as_deref()),
+        or_dash(upgrade.analyze.as_deref())
+    );
+    for step in &upgrade.steps {
+        let _ = writeln!(out, "  {:<32} {:.1} s", step.name, step.milliseconds as f64 / 1000.0);
+    }
+    if let Some(message) = &upgrade.message {
+        let _ = writeln!(out, "  {message}");
+    }
+}
+
+/// The conditions other than archiving (shown with the backups).
+fn render_conditions(out: &mut String, status: &DatabaseServiceStatus) {
+    let conditions: Vec<_> =
+        status.conditions.iter().filter(|condition| condition.type_ != CONTINUOUS_ARCHIVING).collect();
+    if conditions.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nConditions");
+    for condition in conditions {
+        let _ = writeln!(
+            out,
+            "  {:<17} {:<5} {:<26} {}",
+            condition.type_, condition.status, condition.reason, condition.message
+        );
+    }
+}
+
+/// The newest ledger entries, oldest first.
+fn render_recent_ledger(out: &mut String, ledger: &[LedgerEntry]) {
     let _ = writeln!(out, "\nRecent ledger");
-    let start = view.ledger.len().saturating_sub(RECENT_ENTRIES);
-    if view.ledger.is_empty() {
+    let start = ledger.len().saturating_sub(RECENT_ENTRIES);
+    if ledger.is_empty() {
         let _ = writeln!(out, "  empty");
     }
-    for entry in &view.ledger[start..] {
+    for entry in &ledger[start..] {
         let _ = writeln!(out, "  {} {:<16} {}", entry.time, entry.action, entry.outcome);
     }
-    out
 }
 
 #[cfg(test)]

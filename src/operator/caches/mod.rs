@@ -297,80 +297,86 @@ impl Slim for Pod {
             .collect();
         slim_metadata(&mut self.metadata);
         self.metadata.annotations = (!kept.is_empty()).then_some(kept);
-        if let Some(spec) = self.spec.take() {
-            use crate::operator::database::build::credentials::{
-                env_references_replication_keys, volume_references_replication_keys,
-            };
-            // References to the credentials Secret's replication keys (pods an older operator
-            // made): the keys stay while one is left (`credentials_form`).
-            let referencing = |env: Option<Vec<EnvVar>>| {
-                let kept: Vec<EnvVar> = env.into_iter().flatten().filter(env_references_replication_keys).collect();
-                (!kept.is_empty()).then_some(kept)
-            };
-            let containers = spec
-                .containers
-                .into_iter()
-                .map(|container| Container {
-                    name: container.name,
-                    image: container.image,
-                    env: referencing(container.env),
-                    ..Default::default()
-                })
-                .collect();
-            let init_containers: Vec<Container> = spec
-                .init_containers
-                .into_iter()
-                .flatten()
-                .filter_map(|container| {
-                    let env = referencing(container.env)?;
-                    Some(Container { name: container.name, env: Some(env), ..Default::default() })
-                })
-                .collect();
-            let volumes: Vec<Volume> =
-                spec.volumes.into_iter().flatten().filter(volume_references_replication_keys).collect();
-            // The node: a primary on a cordoned one is switched over before the drain evicts it.
-            self.spec = Some(PodSpec {
-                containers,
-                init_containers: (!init_containers.is_empty()).then_some(init_containers),
-                volumes: (!volumes.is_empty()).then_some(volumes),
-                node_name: spec.node_name,
-                ..Default::default()
-            });
-        }
-        if let Some(status) = self.status.take() {
-            let container_statuses = status.container_statuses.map(|statuses| {
-                statuses
-                    .into_iter()
-                    .map(|container| ContainerStatus {
-                        name: container.name,
-                        ready: container.ready,
-                        restart_count: container.restart_count,
-                        state: container.state.map(|state| ContainerState {
-                            waiting: state
-                                .waiting
-                                .map(|waiting| ContainerStateWaiting { reason: waiting.reason, message: None }),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .collect()
-            });
-            let conditions = status.conditions.map(|conditions| {
-                conditions
-                    .into_iter()
-                    .map(|mut condition| {
-                        // Only the scheduler's reason for not placing the pod is read (a Degraded
-                        // condition quotes it).
-                        if !(condition.type_ == "PodScheduled" && condition.status == "False") {
-                            condition.message = None;
-                        }
-                        condition
-                    })
-                    .collect()
-            });
-            self.status = Some(PodStatus { conditions, container_statuses, phase: status.phase, ..Default::default() });
-        }
+        self.spec = self.spec.take().map(slim_pod_spec);
+        self.status = self.status.take().map(slim_pod_status);
     }
+}
+
+/// The containers' names and images, the references to the credentials Secret's replication keys
+/// (pods an older operator made: the keys stay while one is left, see `credentials_form`), and
+/// the node.
+fn slim_pod_spec(spec: PodSpec) -> PodSpec {
+    use crate::operator::database::build::credentials::{
+        env_references_replication_keys, volume_references_replication_keys,
+    };
+    let referencing = |env: Option<Vec<EnvVar>>| {
+        let kept: Vec<EnvVar> = env.into_iter().flatten().filter(env_references_replication_keys).collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    let containers = spec
+        .containers
+        .into_iter()
+        .map(|container| Container {
+            name: container.name,
+            image: container.image,
+            env: referencing(container.env),
+            ..Default::default()
+        })
+        .collect();
+    let init_containers: Vec<Container> = spec
+        .init_containers
+        .into_iter()
+        .flatten()
+        .filter_map(|container| {
+            let env = referencing(container.env)?;
+            Some(Container { name: container.name, env: Some(env), ..Default::default() })
+        })
+        .collect();
+    let volumes: Vec<Volume> = spec.volumes.into_iter().flatten().filter(volume_references_replication_keys).collect();
+    // The node: a primary on a cordoned one is switched over before the drain evicts it.
+    PodSpec {
+        containers,
+        init_containers: (!init_containers.is_empty()).then_some(init_containers),
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        node_name: spec.node_name,
+        ..Default::default()
+    }
+}
+
+/// The phase, the conditions (a message only for the scheduler's refusal) and each container's
+/// readiness, restarts and waiting reason.
+fn slim_pod_status(status: PodStatus) -> PodStatus {
+    let container_statuses = status.container_statuses.map(|statuses| {
+        statuses
+            .into_iter()
+            .map(|container| ContainerStatus {
+                name: container.name,
+                ready: container.ready,
+                restart_count: container.restart_count,
+                state: container.state.map(|state| ContainerState {
+                    waiting: state
+                        .waiting
+                        .map(|waiting| ContainerStateWaiting { reason: waiting.reason, message: None }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
+    });
+    let conditions = status.conditions.map(|conditions| {
+        conditions
+            .into_iter()
+            .map(|mut condition| {
+                // Only the scheduler's reason for not placing the pod is read (a Degraded
+                // condition quotes it).
+                if !(condition.type_ == "PodScheduled" && condition.status == "False") {
+                    condition.message = None;
+                }
+                condition
+            })
+            .collect()
+    });
+    PodStatus { conditions, container_statuses, phase: status.phase, ..Default::default() }
 }
 
 /// A stable fingerprint of ConfigMap data and labels (the same in the cache and in the desired object).

@@ -17,6 +17,7 @@ use crate::operator::database::failover::pass::LapsedLease;
 use crate::operator::database::observe::Observed;
 use crate::operator::database::stateful_set_replacement;
 use crate::operator::server_side_apply;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::json;
 use std::fmt::Debug;
+use std::ops::ControlFlow;
 
 /// Applies `desired` unless `live` already contains it; returns what happened and the new resourceVersion.
 pub async fn apply_object<K>(
@@ -79,56 +81,89 @@ async fn apply_children(
     context: &PassContext,
     applied: &mut Applied,
 ) -> Result<(), kube::Error> {
-    let Desired {
-        credentials,
-        superuser,
-        replication,
-        scripts,
-        services,
-        stateful_set,
-        instance_access,
-        network_policy,
-        disruption_budgets,
-    } = desired;
     let namespace = database.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", database.name_any());
-    let client = &context.shared.client;
-    for (secret, is_superuser) in [(credentials, false), (superuser, true), (replication, false)] {
-        let Some(secret) = secret else { continue };
-        match create_credentials(database, &secret, context, &key).await? {
-            None => {
-                applied.credentials_conflict = Some(secret.name_any());
-                return Ok(());
-            }
-            Some(true) if is_superuser => applied.superuser_created = Some(secret.name_any()),
-            Some(_) => {}
-        }
+    if create_secrets(database, &desired, context, &key, applied).await?.is_break() {
+        return Ok(());
     }
     // Before the StatefulSet: its pods mount the server certificate.
     applied.certificate_issued =
         crate::operator::database::certificates::apply_certificates(database, &workload.certificates, context, &key)
             .await?;
-    // The scripts, the Services and the agents' access do not depend on each other: written at
-    // once, a first pass waits for one round trip instead of one per object. The StatefulSet
-    // comes after them, since its pods mount the scripts and run as the agents' account.
-    let config_maps = Api::namespaced(client.clone(), &namespace);
-    let services_api = Api::namespaced(client.clone(), &namespace);
+    apply_before_stateful_set(&namespace, &desired, observed, context, &key, applied).await?;
+    if apply_stateful_set(&namespace, &desired.stateful_set, observed, context, &key, applied).await?.is_break() {
+        return Ok(());
+    }
+    apply_pods(&namespace, workload, context, &key).await?;
+    apply_claims(&namespace, workload, context, &key).await?;
+    if let Some(instance) = &workload.release_lease_of {
+        release_primary_lease(database, instance, context).await?;
+    }
+    if let Some(lapsed) = &workload.release_lapsed_lease {
+        release_lapsed_lease(database, lapsed, context).await?;
+    }
+    if let Some(name) = &workload.create_backup {
+        create_pre_upgrade_backup(database, name, context, applied).await?;
+    }
+    Ok(())
+}
+
+/// Creates the credentials, superuser and replication Secrets to be made; Break when a name is
+/// taken by a Secret that is not ours (nothing else is written then).
+async fn create_secrets(
+    database: &DatabaseService,
+    desired: &Desired,
+    context: &PassContext,
+    key: &str,
+    applied: &mut Applied,
+) -> Result<ControlFlow<()>, kube::Error> {
+    let secrets = [(&desired.credentials, false), (&desired.superuser, true), (&desired.replication, false)];
+    for (secret, is_superuser) in secrets {
+        let Some(secret) = secret else { continue };
+        match create_credentials(database, secret, context, key).await? {
+            None => {
+                applied.credentials_conflict = Some(secret.name_any());
+                return Ok(ControlFlow::Break(()));
+            }
+            Some(true) if is_superuser => applied.superuser_created = Some(secret.name_any()),
+            Some(_) => {}
+        }
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// The scripts, the Services and (when the StatefulSet changes) the agents' access and the
+/// disruption budgets. They do not depend on each other: written at once, a first pass waits for
+/// one round trip instead of one per object. The StatefulSet comes after them, since its pods
+/// mount the scripts and run as the agents' account.
+async fn apply_before_stateful_set(
+    namespace: &str,
+    desired: &Desired,
+    observed: &Observed,
+    context: &PassContext,
+    key: &str,
+    applied: &mut Applied,
+) -> Result<(), kube::Error> {
+    let Desired { scripts, services, stateful_set, instance_access, network_policy, disruption_budgets, .. } = desired;
+    let client = &context.shared.client;
+    let config_maps = Api::namespaced(client.clone(), namespace);
+    let services_api = Api::namespaced(client.clone(), namespace);
     // Written with the StatefulSet (they change together: created with it, or for a new operator
     // version); never in a steady pass.
     let stateful_set_changes =
-        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, &stateful_set));
+        !observed.stateful_set.as_deref().is_some_and(|live| contains_object(live, stateful_set));
     let access_needed = instance_access.as_ref().filter(|_| stateful_set_changes);
     let budgets_needed = if stateful_set_changes { disruption_budgets.as_slice() } else { &[] };
-    let budgets = Api::namespaced(client.clone(), &namespace);
+    let budgets = Api::namespaced(client.clone(), namespace);
     let (scripts_applied, services_applied, access_applied, budgets_applied) = tokio::join!(
-        apply_object(&config_maps, &scripts, observed.scripts.as_deref(), context),
+        apply_object(&config_maps, scripts, observed.scripts.as_deref(), context),
         futures::future::join_all(services.iter().map(|service| {
             let live = observed.services.get(&service.name_any()).map(AsRef::as_ref);
             apply_object(&services_api, service, live, context)
         })),
         async {
             match access_needed {
-                Some(access) => apply_access(&namespace, access, network_policy.as_ref(), context).await,
+                Some(access) => apply_access(namespace, access, network_policy.as_ref(), context).await,
                 None => Ok(()),
             }
         },
@@ -141,7 +176,7 @@ async fn apply_children(
     for ((kind, name), result) in written {
         match result {
             Ok((outcome, version)) => {
-                context.expectations.expect(&key, kind, &name, version);
+                context.expectations.expect(key, kind, &name, version);
                 applied.children.push((format!("{kind}/{name}"), outcome));
             }
             Err(error) => {
@@ -149,40 +184,53 @@ async fn apply_children(
             }
         }
     }
-    if let Some(error) = first_error.or(access_applied.err()).or(budgets_applied.err()) {
-        return Err(error);
+    match first_error.or(access_applied.err()).or(budgets_applied.err()) {
+        Some(error) => Err(error),
+        None => Ok(()),
     }
-    let stateful_sets = Api::namespaced(client.clone(), &namespace);
+}
+
+/// Applies the StatefulSet, or deletes it when a field it cannot change must change; Break then
+/// (the pods and claims wait for the new one).
+async fn apply_stateful_set(
+    namespace: &str,
+    stateful_set: &StatefulSet,
+    observed: &Observed,
+    context: &PassContext,
+    key: &str,
+    applied: &mut Applied,
+) -> Result<ControlFlow<()>, kube::Error> {
+    let stateful_sets = Api::namespaced(context.shared.client.clone(), namespace);
     if let Some(live) = observed.stateful_set.as_deref() {
-        if stateful_set_replacement::replace_if_needed(&stateful_sets, live, &stateful_set).await? {
+        if stateful_set_replacement::replace_if_needed(&stateful_sets, live, stateful_set).await? {
             // Re-created by a later pass (the deletion's watch event starts it); the pods and
             // claims wait for it, since their changes are judged against the StatefulSet.
-            applied.children.push((describe(&stateful_set), ApplyOutcome::Updated));
-            return Ok(());
+            applied.children.push((describe(stateful_set), ApplyOutcome::Updated));
+            return Ok(ControlFlow::Break(()));
         }
     }
     let (outcome, version) =
-        apply_object(&stateful_sets, &stateful_set, observed.stateful_set.as_deref(), context).await?;
-    context.expectations.expect(&key, "StatefulSet", &stateful_set.name_any(), version);
-    applied.children.push((describe(&stateful_set), outcome));
-    apply_pods(&namespace, workload, context, &key).await?;
-    apply_claims(&namespace, workload, context, &key).await?;
-    if let Some(instance) = &workload.release_lease_of {
-        release_primary_lease(database, instance, context).await?;
-    }
-    if let Some(lapsed) = &workload.release_lapsed_lease {
-        release_lapsed_lease(database, lapsed, context).await?;
-    }
-    if let Some(name) = &workload.create_backup {
-        let backup = crate::operator::database::major_upgrade::pre_upgrade_backup(database, name);
-        let backups: Api<crate::api::database_service_backup::DatabaseServiceBackup> =
-            Api::namespaced(client.clone(), &namespace);
-        match backups.create(&kube::api::PostParams::default(), &backup).await {
-            Ok(_) => applied.children.push((describe(&backup), ApplyOutcome::Created)),
-            // A pass that did not see it yet: it is there.
-            Err(kube::Error::Api(response)) if response.code == 409 => {}
-            Err(error) => return Err(error),
-        }
+        apply_object(&stateful_sets, stateful_set, observed.stateful_set.as_deref(), context).await?;
+    context.expectations.expect(key, "StatefulSet", &stateful_set.name_any(), version);
+    applied.children.push((describe(stateful_set), outcome));
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Creates the `DatabaseServiceBackup` taken before a major upgrade, unless it exists.
+async fn create_pre_upgrade_backup(
+    database: &DatabaseService,
+    name: &str,
+    context: &PassContext,
+    applied: &mut Applied,
+) -> Result<(), kube::Error> {
+    let backup = crate::operator::database::major_upgrade::pre_upgrade_backup(database, name);
+    let backups: Api<crate::api::database_service_backup::DatabaseServiceBackup> =
+        Api::namespaced(context.shared.client.clone(), &database.namespace().unwrap_or_default());
+    match backups.create(&kube::api::PostParams::default(), &backup).await {
+        Ok(_) => applied.children.push((describe(&backup), ApplyOutcome::Created)),
+        // A pass that did not see it yet: it is there.
+        Err(kube::Error::Api(response)) if response.code == 409 => {}
+        Err(error) => return Err(error),
     }
     Ok(())
 }

@@ -13,9 +13,10 @@ use crate::operator::database::build::tls::{
     authority_config_map, authority_secret, server_certificate_secret, server_names, ServerCertificate,
     AUTHORITY_ANNOTATION, NAMES_ANNOTATION, NOT_AFTER_ANNOTATION,
 };
+use crate::operator::server_side_apply;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use std::sync::Arc;
@@ -178,11 +179,10 @@ pub async fn apply_certificates(
         false => read_authority(&secrets, &ChildNames::certificate_authority(&name)).await?,
     };
     let metrics = &context.shared.metrics;
-    let params = PatchParams::apply(FIELD_MANAGER).force();
     if work.publish_authority {
         let config_map = authority_config_map(database, &authority.uid, &authority.certificate);
         let config_maps: Api<ConfigMap> = Api::namespaced(context.shared.client.clone(), &namespace);
-        let written = config_maps.patch(&config_map.name_any(), &params, &Patch::Apply(&config_map)).await?;
+        let written = server_side_apply::apply(&config_maps, &config_map).await?;
         metrics.count_write("ConfigMap", "apply");
         context.expectations.expect(key, "ConfigMap", &config_map.name_any(), written.resource_version());
     }
@@ -201,7 +201,7 @@ pub async fn apply_certificates(
         names,
     };
     let secret = server_certificate_secret(database, &server);
-    let written = secrets.patch(&secret.name_any(), &params, &Patch::Apply(&secret)).await?;
+    let written = server_side_apply::apply(&secrets, &secret).await?;
     metrics.count_write("Secret", "apply");
     context.expectations.expect(key, "Secret", &secret.name_any(), written.resource_version());
     Ok(Some(format!(

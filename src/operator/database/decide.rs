@@ -13,18 +13,21 @@ use crate::operator::conditions::{self, types};
 use crate::operator::database::archiving::{decide_archiving, ArchivingHealth};
 use crate::operator::database::build::{self, WorkloadInputs};
 use crate::operator::database::certificates::{decide_certificates, observed_certificates, CertificateWork};
-use crate::operator::database::failover::pass::{decide_failover, report_of, FailoverInput, URGENT_REQUEUE};
+use crate::operator::database::failover::pass::{
+    decide_failover, report_of, FailoverInput, FailoverOutcome, URGENT_REQUEUE,
+};
 use crate::operator::database::healing::{decide_rollout, Rollout};
-use crate::operator::database::major_upgrade::{decide_major_upgrade, MajorUpgradeInput};
+use crate::operator::database::major_upgrade::{decide_major_upgrade, MajorUpgradeDecision, MajorUpgradeInput};
 use crate::operator::database::observe::{claim_class, claim_request, Observed};
 use crate::operator::database::pod_health::{self, PodHealth};
 use crate::operator::database::pod_replacement::{rolling_step, RollingStep};
 use crate::operator::database::settings::ControllerSettings;
 use crate::operator::database::summary::summarize;
-use crate::operator::journal::Journal;
+use crate::operator::journal::{Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
 use crate::quantity::parse_bytes;
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use std::time::Duration;
@@ -132,7 +135,7 @@ pub struct ClaimChange {
 
 /// Decides one pass.
 pub fn decide(input: &DecideInput) -> Decision {
-    let DecideInput { database, observed, settings, now, failover_timer_seen } = *input;
+    let DecideInput { database, observed, now, .. } = *input;
     let generation = database.metadata.generation.unwrap_or(0);
     let old_status = database.status.clone().unwrap_or_default();
     let mut status = old_status.clone();
@@ -148,90 +151,9 @@ pub fn decide(input: &DecideInput) -> Decision {
     // The one StatefulSet this pass needs, expanded from its compact cached form.
     let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let live_stateful_set = expanded.as_ref();
-    let upgrade_instances: Vec<_> =
-        observed.pods.iter().zip(&pods).map(|(pod, health)| (health.clone(), report_of(pod))).collect();
-    let past_the_way_back = crate::operator::database::major_upgrade::past_the_way_back(database, &upgrade_instances);
-    let mut rollout =
-        decide_rollout(database, &mut status, &pods, live_stateful_set, settings, now, &mut journal, past_the_way_back);
-    let upgrade = decide_major_upgrade(
-        &MajorUpgradeInput {
-            database,
-            instances: &upgrade_instances,
-            backup: observed.pre_upgrade_backup.as_ref(),
-            rolled_out: pod_health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas),
-            now,
-        },
-        &mut status,
-        &mut rollout,
-        &mut journal,
-    );
-    rollout.replicas = rollout.replicas.max(replicas_keeping_the_primary(&status.failover));
-    let inputs = WorkloadInputs {
-        image: rollout.image.clone(),
-        replicas: rollout.replicas,
-        restarted_at: status.last_restart_at.clone(),
-        claim_template_size: live_stateful_set
-            .and_then(build::claim_template_size)
-            .unwrap_or_else(|| database.spec.storage_size.clone()),
-        instance_image: settings.instance_image.clone(),
-    };
-    let lease = observed.primary_lease.as_ref();
-    // Whether applying will leave the StatefulSet as it is: only then is a rollout finished.
-    let stateful_set_current = observed
-        .stateful_set
-        .as_deref()
-        .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
-    let rolling = rolling_step(
-        &observed.pods,
-        &pods,
-        live_stateful_set,
-        &status.failover,
-        stateful_set_current,
-        upgrade.primary_first.as_deref(),
-    );
-    if matches!((&rolling, &upgrade.primary_first), (RollingStep::Replace(pod), Some(primary)) if pod == primary) {
-        crate::operator::database::major_upgrade::primary_stopped(&mut status, now);
-    }
-    let rolling_switchover = match &rolling {
-        RollingStep::SwitchoverTo(target) => Some(target.clone()),
-        _ => None,
-    };
-    let failover = decide_failover(
-        database,
-        &FailoverInput {
-            pods: &observed.pods,
-            health: &pods,
-            lease,
-            lease_lapsed: observed.primary_lease_lapsed.as_deref(),
-            rolling_switchover,
-            drain_switchover: crate::operator::database::failover::drain::drain_switchover(
-                &status.failover,
-                &observed.pods,
-                &pods,
-                &observed.cordoned_nodes,
-            ),
-            timer_seen: failover_timer_seen,
-            held_by_major_upgrade: status.major_upgrade.as_ref().is_some_and(|upgrade| upgrade.holds_failover()),
-        },
-        &mut status,
-        &mut journal,
-        now,
-    );
-    let reverted_before = &old_status.instances;
-    crate::operator::database::owned_settings::tell_reverts(
-        reverted_before,
-        &status.instances,
-        &mut journal,
-        generation,
-        now,
-    );
-    crate::operator::database::discarded::tell_discarded(
-        reverted_before,
-        &status.instances,
-        &mut journal,
-        generation,
-        now,
-    );
+    let plan = plan_rollout(input, &pods, live_stateful_set, &mut status, &mut journal);
+    let failover = failover_step(input, &pods, &plan.rolling, &mut status, &mut journal);
+    tell_instance_changes(&old_status.instances, &status.instances, &mut journal, generation, now);
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);
@@ -244,44 +166,160 @@ pub fn decide(input: &DecideInput) -> Decision {
         generation,
         now,
     );
+    let rollout = &plan.rollout;
     let (pod_labels, mut pod_deletions) =
-        decide_pods(observed, &pods, primary, &rollout, stateful_set_current, &mut journal);
-    if let RollingStep::Replace(name) = &rolling {
+        decide_pods(observed, &pods, primary, rollout, plan.stateful_set_current, &mut journal);
+    if let RollingStep::Replace(name) = &plan.rolling {
         replace_for_rolling(observed, name, &mut pod_deletions, &mut journal);
     }
     let rolled_out =
-        pod_health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && stateful_set_current;
-    summarize(database, &mut status, &pods, &rollout, rolled_out, now, &mut journal);
+        pod_health::rolled_out(live_stateful_set, &pods, &rollout.image, rollout.replicas) && plan.stateful_set_current;
+    summarize(database, &mut status, &pods, rollout, rolled_out, now, &mut journal);
     let converged = rolled_out && status.phase == Some(Phase::Running);
     let provisioned_before = old_status.observed_generation.is_some();
+    let drift_possible =
+        provisioned_before && old_status.observed_generation == Some(generation) && !rollout.changed_workload;
     let workload = Workload {
-        inputs,
+        inputs: plan.inputs,
         create_credentials,
         create_superuser: observed.superuser.is_none(),
         create_replication: observed.replication.is_none(),
-        certificates: decide_certificates(
-            database,
-            observed_certificates(
-                observed.certificate_authority.as_ref(),
-                observed.server_certificate.as_ref(),
-                observed.published_authority.as_ref(),
-            ),
-            now,
-        ),
+        certificates: certificate_work(database, observed, now),
         pod_labels,
         pod_deletions,
         claim_changes,
         release_lease_of: failover.release_lease_of,
         release_lapsed_lease: failover.release_lapsed_lease,
-        create_backup: upgrade.create_backup,
+        create_backup: plan.upgrade.create_backup,
         clear_switchover_request: failover.clear_switchover_request,
         provisioned_before,
-        drift_possible: provisioned_before
-            && old_status.observed_generation == Some(generation)
-            && !rollout.changed_workload,
+        drift_possible,
     };
     let requeue = requeue_after(failover.urgent, converged, archiving.warn_in);
     Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+}
+
+/// How the workload rolls this pass: the rollout (and any major upgrade) decided, the StatefulSet
+/// inputs built from it, and the next pod to replace or switch over from.
+struct RolloutPlan {
+    rollout: Rollout,
+    upgrade: MajorUpgradeDecision,
+    inputs: WorkloadInputs,
+    /// Applying will leave the StatefulSet as it is: only then is a rollout finished.
+    stateful_set_current: bool,
+    rolling: RollingStep,
+}
+
+/// Decides the rollout, the major upgrade's step and the next replacement of a pod.
+fn plan_rollout(
+    input: &DecideInput,
+    pods: &[PodHealth],
+    live_stateful_set: Option<&StatefulSet>,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+) -> RolloutPlan {
+    let DecideInput { database, observed, settings, now, .. } = *input;
+    let upgrade_instances: Vec<_> =
+        observed.pods.iter().zip(pods).map(|(pod, health)| (health.clone(), report_of(pod))).collect();
+    let past_the_way_back = crate::operator::database::major_upgrade::past_the_way_back(database, &upgrade_instances);
+    let mut rollout =
+        decide_rollout(database, status, pods, live_stateful_set, settings, now, journal, past_the_way_back);
+    let upgrade = decide_major_upgrade(
+        &MajorUpgradeInput {
+            database,
+            instances: &upgrade_instances,
+            backup: observed.pre_upgrade_backup.as_ref(),
+            rolled_out: pod_health::rolled_out(live_stateful_set, pods, &rollout.image, rollout.replicas),
+            now,
+        },
+        status,
+        &mut rollout,
+        journal,
+    );
+    rollout.replicas = rollout.replicas.max(replicas_keeping_the_primary(&status.failover));
+    let inputs = WorkloadInputs {
+        image: rollout.image.clone(),
+        replicas: rollout.replicas,
+        restarted_at: status.last_restart_at.clone(),
+        claim_template_size: live_stateful_set
+            .and_then(build::claim_template_size)
+            .unwrap_or_else(|| database.spec.storage_size.clone()),
+        instance_image: settings.instance_image.clone(),
+    };
+    let stateful_set_current = observed
+        .stateful_set
+        .as_deref()
+        .is_some_and(|live| diff::contains_object(live, &build::stateful_set(database, &inputs)));
+    let rolling = rolling_step(
+        &observed.pods,
+        pods,
+        live_stateful_set,
+        &status.failover,
+        stateful_set_current,
+        upgrade.primary_first.as_deref(),
+    );
+    if matches!((&rolling, &upgrade.primary_first), (RollingStep::Replace(pod), Some(primary)) if pod == primary) {
+        crate::operator::database::major_upgrade::primary_stopped(status, now);
+    }
+    RolloutPlan { rollout, upgrade, inputs, stateful_set_current, rolling }
+}
+
+/// Decides failover and switchover, with the switchover a rolling update or a drained node asks for.
+fn failover_step(
+    input: &DecideInput,
+    pods: &[PodHealth],
+    rolling: &RollingStep,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+) -> FailoverOutcome {
+    let DecideInput { database, observed, now, failover_timer_seen, .. } = *input;
+    let rolling_switchover = match rolling {
+        RollingStep::SwitchoverTo(target) => Some(target.clone()),
+        _ => None,
+    };
+    let drain_switchover = crate::operator::database::failover::drain::drain_switchover(
+        &status.failover,
+        &observed.pods,
+        pods,
+        &observed.cordoned_nodes,
+    );
+    let failover_input = FailoverInput {
+        pods: &observed.pods,
+        health: pods,
+        lease: observed.primary_lease.as_ref(),
+        lease_lapsed: observed.primary_lease_lapsed.as_deref(),
+        rolling_switchover,
+        drain_switchover,
+        timer_seen: failover_timer_seen,
+        held_by_major_upgrade: status.major_upgrade.as_ref().is_some_and(|upgrade| upgrade.holds_failover()),
+    };
+    decide_failover(database, &failover_input, status, journal, now)
+}
+
+/// Tells, once per instance report, the owned settings an instance reverted and the commits it
+/// discarded on rejoining.
+fn tell_instance_changes(
+    before: &[crate::api::failover::InstanceStatus],
+    after: &[crate::api::failover::InstanceStatus],
+    journal: &mut Journal,
+    generation: i64,
+    now: DateTime<Utc>,
+) {
+    crate::operator::database::owned_settings::tell_reverts(before, after, journal, generation, now);
+    crate::operator::database::discarded::tell_discarded(before, after, journal, generation, now);
+}
+
+/// Certificates to make, issue or publish, from the cached Secrets and ConfigMap.
+fn certificate_work(database: &DatabaseService, observed: &Observed, now: DateTime<Utc>) -> CertificateWork {
+    decide_certificates(
+        database,
+        observed_certificates(
+            observed.certificate_authority.as_ref(),
+            observed.server_certificate.as_ref(),
+            observed.published_authority.as_ref(),
+        ),
+        now,
+    )
 }
 
 /// Pause and an invalid spec stop a pass before anything is decided: true when one of them
@@ -470,15 +508,6 @@ fn decide_credentials(
         let message = format!(
             "Secret {name} was deleted and has been recreated with a new password, but the database still has the old one: set it with ALTER ROLE (or restore the old Secret)"
         );
-        conditions::set(
-            &mut status.conditions,
-            types::CREDENTIALS_READY,
-            false,
-            "SecretRecreated",
-            message.clone(),
-            Some(generation),
-            now,
-        );
         let entry = LedgerEntry::at(
             now,
             generation,
@@ -487,7 +516,16 @@ fn decide_credentials(
             format!("Secret/{name}"),
             "new password generated; database still has the old one",
         );
-        journal.record(true, "CredentialsRecreated", message, Some(entry));
+        let transition = Transition {
+            condition: types::CREDENTIALS_READY,
+            status: false,
+            condition_reason: "SecretRecreated",
+            event_reason: "CredentialsRecreated",
+            warning: true,
+            message,
+            entry: Some(entry),
+        };
+        journal.transition(&mut status.conditions, transition, generation, now);
     } else {
         let message = format!("credentials are in Secret {name}");
         conditions::set(
@@ -549,58 +587,88 @@ fn decide_claims(
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) -> Vec<ClaimChange> {
+    let mut changes = Vec::new();
+    let mut expansion_refused = Vec::new();
+    for claim in &observed.claims {
+        let change = claim_change(database, observed, claim, &mut expansion_refused, journal, now);
+        if change.owner_references.is_some() || change.storage.is_some() {
+            changes.push(change);
+        }
+    }
+    let wanted = &database.spec.storage_size;
+    let expected = database.spec.replicas_or_default().min(status.degraded_replicas.unwrap_or(i32::MAX));
+    let bound = pod_health::claims_bound(observed.claims.iter().map(|claim| claim.as_ref()));
+    status.storage = Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected });
+    set_storage_ready(database, status, &expansion_refused, bound, expected, journal, now);
+    changes
+}
+
+/// The change one claim needs: our owner reference when it was made for this DatabaseService,
+/// the new size when storageSize grew and its class allows expansion (else a refusal is noted
+/// in `expansion_refused`).
+fn claim_change(
+    database: &DatabaseService,
+    observed: &Observed,
+    claim: &std::sync::Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    expansion_refused: &mut Vec<String>,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> ClaimChange {
     let generation = database.metadata.generation.unwrap_or(0);
     let owner = owner_reference(database);
     let wanted = &database.spec.storage_size;
     let wanted_bytes = parse_bytes(wanted).unwrap_or(0);
     let created = database.metadata.creation_timestamp.as_ref().map(|time| time.0);
-    let mut changes = Vec::new();
-    let mut expansion_refused = Vec::new();
-    for claim in &observed.claims {
-        let claim_name = claim.name_any();
-        let mut change = ClaimChange {
-            claim: claim_name.clone(),
-            resource_version: claim.resource_version(),
-            owner_references: None,
-            storage: None,
-        };
-        // Only claims made for this DatabaseService are owned; a claim kept (Retain) from an
-        // earlier one of the same name is used by the StatefulSet but stays unowned, so that a
-        // later deletionPolicy Delete never deletes data this DatabaseService did not create.
-        let made_for_us = match (claim.metadata.creation_timestamp.as_ref(), created) {
-            (Some(claim_created), Some(created)) => claim_created.0 >= created,
-            _ => false,
-        };
-        if made_for_us && !is_owned_by(claim.as_ref(), &owner.uid) && claim.metadata.deletion_timestamp.is_none() {
-            let mut references = claim.owner_references().to_vec();
-            references.push(OwnerReference { controller: Some(false), ..owner.clone() });
-            change.owner_references = Some(references);
-        }
-        let requested = claim_request(claim);
-        if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
-            let class = claim_class(claim);
-            if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
-                change.storage = Some(wanted.clone());
-                let entry =
-                    LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted.clone(), &claim_name);
-                journal.record(
-                    false,
-                    "StorageExpanded",
-                    format!("PVC {claim_name} expanded from {requested} to {wanted}"),
-                    Some(entry),
-                );
-            } else {
-                expansion_refused
-                    .push(format!("{claim_name} (StorageClass {class:?} does not allow volume expansion)"));
-            }
-        }
-        if change.owner_references.is_some() || change.storage.is_some() {
-            changes.push(change);
+    let claim_name = claim.name_any();
+    let mut change = ClaimChange {
+        claim: claim_name.clone(),
+        resource_version: claim.resource_version(),
+        owner_references: None,
+        storage: None,
+    };
+    // Only claims made for this DatabaseService are owned; a claim kept (Retain) from an
+    // earlier one of the same name is used by the StatefulSet but stays unowned, so that a
+    // later deletionPolicy Delete never deletes data this DatabaseService did not create.
+    let made_for_us = match (claim.metadata.creation_timestamp.as_ref(), created) {
+        (Some(claim_created), Some(created)) => claim_created.0 >= created,
+        _ => false,
+    };
+    if made_for_us && !is_owned_by(claim.as_ref(), &owner.uid) && claim.metadata.deletion_timestamp.is_none() {
+        let mut references = claim.owner_references().to_vec();
+        references.push(OwnerReference { controller: Some(false), ..owner.clone() });
+        change.owner_references = Some(references);
+    }
+    let requested = claim_request(claim);
+    if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
+        let class = claim_class(claim);
+        if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
+            change.storage = Some(wanted.clone());
+            let entry =
+                LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted.clone(), &claim_name);
+            journal.record(
+                false,
+                "StorageExpanded",
+                format!("PVC {claim_name} expanded from {requested} to {wanted}"),
+                Some(entry),
+            );
+        } else {
+            expansion_refused.push(format!("{claim_name} (StorageClass {class:?} does not allow volume expansion)"));
         }
     }
-    let expected = database.spec.replicas_or_default().min(status.degraded_replicas.unwrap_or(i32::MAX));
-    let bound = pod_health::claims_bound(observed.claims.iter().map(|claim| claim.as_ref()));
-    status.storage = Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected });
+    change
+}
+
+/// StorageReady: false while an expansion is refused (told once) or claims are unbound.
+fn set_storage_ready(
+    database: &DatabaseService,
+    status: &mut DatabaseServiceStatus,
+    expansion_refused: &[String],
+    bound: i32,
+    expected: i32,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) {
+    let generation = database.metadata.generation.unwrap_or(0);
     let storage = types::STORAGE_READY;
     if !expansion_refused.is_empty() {
         let message = format!("cannot grow {}", expansion_refused.join(", "));
@@ -627,7 +695,6 @@ fn decide_claims(
         let message = format!("{bound} of {expected} volumes bound (claims of a WaitForFirstConsumer class bind once their pod is scheduled)");
         conditions::set(&mut status.conditions, storage, false, "Pending", message, Some(generation), now);
     }
-    changes
 }
 
 /// The fewest StatefulSet replicas that keep the primary (and an instance being promoted): a

@@ -241,7 +241,6 @@ fn recovered_after_restarts(
 /// Degrade: standbys that cannot be scheduled are scaled away so the primary stays healthy; and
 /// after a while, every instance is asked for again (restore).
 fn decide_degrade(pass: &Pass, status: &mut DatabaseServiceStatus, rollout: &mut Rollout, journal: &mut Journal) {
-    let desired_replicas = pass.database.spec.replicas_or_default();
     let threshold = pass.settings.unhealthy_threshold.as_secs() as i64;
     // After a failover the primary may have a higher ordinal than an unschedulable standby; a
     // StatefulSet scales down from the highest ordinal, so degrading then would remove the primary.
@@ -254,40 +253,7 @@ fn decide_degrade(pass: &Pass, status: &mut DatabaseServiceStatus, rollout: &mut
     let replicas = rollout.replicas;
     if let Some(prefix) = pod_health::schedulable_prefix(pass.pods, replicas, pass.now, threshold) {
         if prefix >= 1 && prefix < replicas && primary_ordinal < prefix {
-            let first = format!("{}-{prefix}", pass.database.name_any());
-            // The scheduler's own words say which: resources, anti-affinity, selectors, taints.
-            let reason = pass
-                .pods
-                .iter()
-                .find(|pod| pod.name == first)
-                .and_then(|pod| pod.unschedulable_reason.as_deref())
-                .map(|reason| format!(" (the scheduler: {reason})"))
-                .unwrap_or_default();
-            let message = format!(
-                "standbys from {first} cannot be scheduled{reason}; running {prefix} of {desired_replicas} instances"
-            );
-            let entry = LedgerEntry::at(
-                pass.now,
-                pass.generation,
-                "Degraded",
-                replicas.to_string(),
-                prefix.to_string(),
-                "standbys scaled away",
-            );
-            let transition = Transition {
-                condition: types::DEGRADED,
-                status: true,
-                condition_reason: "InsufficientResources",
-                event_reason: "Degraded",
-                warning: true,
-                message,
-                entry: Some(entry),
-            };
-            journal.transition(&mut status.conditions, transition, pass.generation, pass.now);
-            status.degraded_replicas = Some(prefix);
-            status.degraded_at = Some(rfc3339(pass.now));
-            rollout.replicas = prefix;
-            rollout.changed_workload = true;
+            degrade(pass, prefix, status, rollout, journal);
         }
         return;
     }
@@ -299,6 +265,7 @@ fn decide_degrade(pass: &Pass, status: &mut DatabaseServiceStatus, rollout: &mut
         return;
     }
     // Probe: ask for every instance again; if resources are still short, we degrade again.
+    let desired_replicas = pass.database.spec.replicas_or_default();
     status.degraded_replicas = None;
     let entry = LedgerEntry::at(
         pass.now,
@@ -319,5 +286,45 @@ fn decide_degrade(pass: &Pass, status: &mut DatabaseServiceStatus, rollout: &mut
     };
     journal.transition(&mut status.conditions, transition, pass.generation, pass.now);
     rollout.replicas = desired_replicas;
+    rollout.changed_workload = true;
+}
+
+/// Scales the standbys from ordinal `prefix` on away (they cannot be scheduled), with the
+/// scheduler's reason in the `Degraded` condition.
+fn degrade(pass: &Pass, prefix: i32, status: &mut DatabaseServiceStatus, rollout: &mut Rollout, journal: &mut Journal) {
+    let replicas = rollout.replicas;
+    let desired_replicas = pass.database.spec.replicas_or_default();
+    let first = format!("{}-{prefix}", pass.database.name_any());
+    // The scheduler's own words say which: resources, anti-affinity, selectors, taints.
+    let reason = pass
+        .pods
+        .iter()
+        .find(|pod| pod.name == first)
+        .and_then(|pod| pod.unschedulable_reason.as_deref())
+        .map(|reason| format!(" (the scheduler: {reason})"))
+        .unwrap_or_default();
+    let message =
+        format!("standbys from {first} cannot be scheduled{reason}; running {prefix} of {desired_replicas} instances");
+    let entry = LedgerEntry::at(
+        pass.now,
+        pass.generation,
+        "Degraded",
+        replicas.to_string(),
+        prefix.to_string(),
+        "standbys scaled away",
+    );
+    let transition = Transition {
+        condition: types::DEGRADED,
+        status: true,
+        condition_reason: "InsufficientResources",
+        event_reason: "Degraded",
+        warning: true,
+        message,
+        entry: Some(entry),
+    };
+    journal.transition(&mut status.conditions, transition, pass.generation, pass.now);
+    status.degraded_replicas = Some(prefix);
+    status.degraded_at = Some(rfc3339(pass.now));
+    rollout.replicas = prefix;
     rollout.changed_workload = true;
 }

@@ -26,6 +26,7 @@ use crate::operator::database::pod_health::PodHealth;
 use crate::operator::journal::{parse_time, rfc3339, Journal};
 use crate::operator::ledger::LedgerEntry;
 use chrono::{DateTime, Utc};
+use std::ops::ControlFlow;
 
 /// The pre-upgrade backup as observed (its `DatabaseServiceBackup`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,189 +67,250 @@ pub fn decide_major_upgrade(
     rollout: &mut Rollout,
     journal: &mut Journal,
 ) -> MajorUpgradeDecision {
-    let MajorUpgradeInput { database, now, .. } = *input;
-    let generation = database.metadata.generation.unwrap_or(0);
-    let mut decision = MajorUpgradeDecision::default();
     if rollout.rolled_back {
         return rolling_back(input, status, journal);
     }
-    let Some(to_major) = major_version(&rollout.version) else { return decision };
+    let Some(to_major) = major_version(&rollout.version) else { return MajorUpgradeDecision::default() };
     // An upgrade under way carries on (the last stable version becomes the new one as soon as
     // every pod runs it, before the standbys stream again).
     let current =
         status.major_upgrade.as_ref().filter(|upgrade| upgrade.to_version == rollout.version && upgrade.in_progress());
-    if current.is_none() {
-        let from_major = status.last_stable_version.as_deref().and_then(major_version);
-        if from_major.is_none_or(|from_major| to_major <= from_major) {
-            return decision;
-        }
-        let Some(started) = start(database, status, rollout, now) else {
-            hold_old_image(status, rollout);
-            return decision;
-        };
-        let note = format!(
-            "upgrading PostgreSQL {} to {} in place on {}{}",
-            started.from_version,
-            started.to_version,
-            started.primary,
-            if started.phase == MajorUpgradePhase::BackingUp { ", after a backup" } else { "" }
-        );
-        let entry = LedgerEntry::at(
-            now,
-            generation,
-            "MajorUpgradeStarted",
-            started.from_version.clone(),
-            started.to_version.clone(),
-            "in place with pg_upgrade",
-        );
-        journal.record(false, "MajorUpgradeStarted", note, Some(entry));
-        status.major_upgrade = Some(started);
+    if current.is_none() && !begin(input, status, rollout, journal, to_major) {
+        return MajorUpgradeDecision::default();
     }
-    let Some(mut upgrade) = status.major_upgrade.clone() else { return decision };
-    match upgrade.phase {
-        MajorUpgradePhase::BackingUp => {
-            let name = backup_name(&database.metadata.name.clone().unwrap_or_default(), to_major);
-            match input.backup {
-                None => decision.create_backup = Some(name.clone()),
-                Some(BackupObservation { phase: Some(BackupPhase::Completed), .. }) => {
-                    upgrade.phase = MajorUpgradePhase::Upgrading;
-                    upgrade.message = None;
-                    decision.primary_first = Some(upgrade.primary.clone());
-                    journal.record(
-                        false,
-                        "MajorUpgradeBackedUp",
-                        format!("backup {name} completed: upgrading {}", upgrade.primary),
-                        None,
-                    );
-                }
-                Some(BackupObservation { phase: Some(BackupPhase::Failed), message }) => {
-                    let reason = message.clone().unwrap_or_else(|| "no reason given".into());
-                    upgrade.phase = MajorUpgradePhase::RolledBack;
-                    upgrade.message = Some(format!("the backup before the upgrade failed: {reason}"));
-                    status.major_upgrade = Some(upgrade.clone());
-                    let message = format!(
-                        "the backup {name} before the upgrade to {} failed ({reason}); nothing was changed. Change the spec to try again",
-                        rollout.version
-                    );
-                    let reason = RollbackReason { condition_reason: "BackupFailed", ledger: "backup failed", message };
-                    roll_back(database, status, rollout, journal, reason, now);
-                    return decision;
-                }
-                Some(_) => upgrade.message = Some(format!("waiting for backup {name}")),
-            }
-            upgrade.backup = Some(name);
-            if upgrade.phase == MajorUpgradePhase::BackingUp {
-                hold_old_image(status, rollout);
-            }
+    let Some(mut upgrade) = status.major_upgrade.clone() else { return MajorUpgradeDecision::default() };
+    let step = match upgrade.phase {
+        MajorUpgradePhase::BackingUp => backing_up(input, status, rollout, journal, &mut upgrade, to_major),
+        MajorUpgradePhase::Upgrading => upgrading(input, status, rollout, journal, &mut upgrade),
+        MajorUpgradePhase::Recloning => recloning(input, status, journal, &mut upgrade, to_major),
+        MajorUpgradePhase::Completed | MajorUpgradePhase::RollingBack | MajorUpgradePhase::RolledBack => {
+            ControlFlow::Continue(MajorUpgradeDecision::default())
         }
-        MajorUpgradePhase::Upgrading => {
-            decision.primary_first = Some(upgrade.primary.clone());
-            let primary = input.instances.iter().find(|(health, _)| health.name == upgrade.primary);
-            let report = primary.and_then(|(_, report)| report.as_ref());
-            let upgrade_report = report.and_then(|report| report.major_upgrade.as_ref());
-            let failed = upgrade_report.filter(|report| {
-                report.state == InstanceUpgradeState::Failed
-                    && Some(report.to_major) == major_version(&upgrade.to_version)
-            });
-            if let Some(failed) = failed {
-                let reason = failed.message.clone().unwrap_or_else(|| "no reason given".into());
-                upgrade.phase = MajorUpgradePhase::RollingBack;
-                upgrade.message = Some(reason.clone());
-                status.major_upgrade = Some(upgrade);
-                let message = format!(
-                    "the upgrade of {} to {} failed and is rolled back to {} on its untouched data: {reason}",
-                    status.major_upgrade.as_ref().map(|upgrade| upgrade.primary.as_str()).unwrap_or_default(),
-                    rollout.version,
-                    status.last_stable_version.clone().unwrap_or_default(),
-                );
-                let reason = RollbackReason { condition_reason: "UpgradeFailed", ledger: "pg_upgrade failed", message };
-                roll_back(database, status, rollout, journal, reason, now);
-                return MajorUpgradeDecision {
-                    primary_first: status.major_upgrade.as_ref().map(|u| u.primary.clone()),
-                    ..decision
-                };
-            }
-            let upgraded = primary.is_some_and(|(health, _)| health.image == upgrade.to_image && health.ready)
-                && report.is_some_and(|report| {
-                    report.role == Role::Primary && report.postgres_ready && upgraded_to(report, &upgrade.to_version)
-                });
-            if upgraded {
-                let report = report.expect("checked above");
-                upgrade.phase = MajorUpgradePhase::Recloning;
-                upgrade.steps = upgrade_report.map(|report| report.steps.clone()).unwrap_or_default();
-                upgrade.downtime_milliseconds = parse_time(&upgrade.primary_stopped_at)
-                    .map(|stopped| (now - stopped).num_milliseconds().max(0) as u64);
-                upgrade.message = None;
-                // pg_upgrade starts the new system on timeline 1.
-                status.failover.timeline = Some(report.timeline);
-                journal.record(
-                    false,
-                    "MajorUpgradePrimaryUpgraded",
-                    format!(
-                        "{} runs PostgreSQL {} (down {}); cloning the standbys from it",
-                        upgrade.primary,
-                        upgrade.to_version,
-                        seconds(upgrade.downtime_milliseconds),
-                    ),
-                    None,
-                );
-            }
+    };
+    match step {
+        // Rolled back: `roll_back` already wrote `status.majorUpgrade`.
+        ControlFlow::Break(decision) => decision,
+        ControlFlow::Continue(decision) => {
+            status.major_upgrade = Some(upgrade);
+            decision
         }
-        MajorUpgradePhase::Recloning => {
-            decision.primary_first = Some(upgrade.primary.clone());
-            let primary_report = input
-                .instances
-                .iter()
-                .find(|(health, _)| health.name == upgrade.primary)
-                .and_then(|(_, report)| report.as_ref());
-            upgrade.analyze = primary_report
-                .and_then(|report| report.major_upgrade.as_ref())
-                .and_then(|report| report.analyze.clone());
-            let standbys_stream =
-                input.instances.iter().filter(|(health, _)| health.name != upgrade.primary).all(|(_, report)| {
-                    report.as_ref().is_some_and(|report| report.role == Role::Standby && report.wal_receiver)
-                });
-            if input.rolled_out && standbys_stream {
-                upgrade.phase = MajorUpgradePhase::Completed;
-                decision.primary_first = None;
-                status.archive_server_name = database
-                    .spec
-                    .backup
-                    .as_ref()
-                    .map(|backup| {
-                        backup
-                            .object_store
-                            .server_name_or(&database.metadata.name.clone().unwrap_or_default())
-                            .to_string()
-                    })
-                    .map(|base| upgraded_server_name(&base, to_major));
-                let steps: Vec<String> = upgrade
-                    .steps
-                    .iter()
-                    .map(|step| format!("{} {}", step.name, seconds(Some(step.milliseconds))))
-                    .collect();
-                let note = format!(
-                    "PostgreSQL {} to {} done: primary down {} ({})",
-                    upgrade.from_version,
-                    upgrade.to_version,
-                    seconds(upgrade.downtime_milliseconds),
-                    steps.join(", ")
-                );
-                let entry = LedgerEntry::at(
-                    now,
-                    generation,
-                    "MajorUpgraded",
-                    upgrade.from_version.clone(),
-                    upgrade.to_version.clone(),
-                    format!("primary down {}: {}", seconds(upgrade.downtime_milliseconds), steps.join(", ")),
-                );
-                journal.record(false, "MajorUpgraded", note, Some(entry));
-            }
-        }
-        MajorUpgradePhase::Completed | MajorUpgradePhase::RollingBack | MajorUpgradePhase::RolledBack => {}
     }
-    status.major_upgrade = Some(upgrade);
-    decision
+}
+
+/// Starts an upgrade when the rollout's major is newer than the last stable one and there is a
+/// settled primary; false when none starts this pass.
+fn begin(
+    input: &MajorUpgradeInput,
+    status: &mut DatabaseServiceStatus,
+    rollout: &mut Rollout,
+    journal: &mut Journal,
+    to_major: u32,
+) -> bool {
+    let MajorUpgradeInput { database, now, .. } = *input;
+    let from_major = status.last_stable_version.as_deref().and_then(major_version);
+    if from_major.is_none_or(|from_major| to_major <= from_major) {
+        return false;
+    }
+    let Some(started) = start(database, status, rollout, now) else {
+        hold_old_image(status, rollout);
+        return false;
+    };
+    let note = format!(
+        "upgrading PostgreSQL {} to {} in place on {}{}",
+        started.from_version,
+        started.to_version,
+        started.primary,
+        if started.phase == MajorUpgradePhase::BackingUp { ", after a backup" } else { "" }
+    );
+    let entry = LedgerEntry::at(
+        now,
+        database.metadata.generation.unwrap_or(0),
+        "MajorUpgradeStarted",
+        started.from_version.clone(),
+        started.to_version.clone(),
+        "in place with pg_upgrade",
+    );
+    journal.record(false, "MajorUpgradeStarted", note, Some(entry));
+    status.major_upgrade = Some(started);
+    true
+}
+
+/// `BackingUp`: creates the pre-upgrade backup and waits for it; upgrades the primary once it
+/// completed, rolls back (Break) when it failed.
+fn backing_up(
+    input: &MajorUpgradeInput,
+    status: &mut DatabaseServiceStatus,
+    rollout: &mut Rollout,
+    journal: &mut Journal,
+    upgrade: &mut MajorUpgradeStatus,
+    to_major: u32,
+) -> ControlFlow<MajorUpgradeDecision, MajorUpgradeDecision> {
+    let MajorUpgradeInput { database, now, .. } = *input;
+    let mut decision = MajorUpgradeDecision::default();
+    let name = backup_name(&database.metadata.name.clone().unwrap_or_default(), to_major);
+    match input.backup {
+        None => decision.create_backup = Some(name.clone()),
+        Some(BackupObservation { phase: Some(BackupPhase::Completed), .. }) => {
+            upgrade.phase = MajorUpgradePhase::Upgrading;
+            upgrade.message = None;
+            decision.primary_first = Some(upgrade.primary.clone());
+            journal.record(
+                false,
+                "MajorUpgradeBackedUp",
+                format!("backup {name} completed: upgrading {}", upgrade.primary),
+                None,
+            );
+        }
+        Some(BackupObservation { phase: Some(BackupPhase::Failed), message }) => {
+            let reason = message.clone().unwrap_or_else(|| "no reason given".into());
+            upgrade.phase = MajorUpgradePhase::RolledBack;
+            upgrade.message = Some(format!("the backup before the upgrade failed: {reason}"));
+            status.major_upgrade = Some(upgrade.clone());
+            let message = format!(
+                "the backup {name} before the upgrade to {} failed ({reason}); nothing was changed. Change the spec to try again",
+                rollout.version
+            );
+            let reason = RollbackReason { condition_reason: "BackupFailed", ledger: "backup failed", message };
+            roll_back(database, status, rollout, journal, reason, now);
+            return ControlFlow::Break(decision);
+        }
+        Some(_) => upgrade.message = Some(format!("waiting for backup {name}")),
+    }
+    upgrade.backup = Some(name);
+    if upgrade.phase == MajorUpgradePhase::BackingUp {
+        hold_old_image(status, rollout);
+    }
+    ControlFlow::Continue(decision)
+}
+
+/// `Upgrading`: the primary's pod runs the new image and its agent `pg_upgrade`; on to
+/// `Recloning` once it answers as primary of the new major, rolls back (Break) on a failure.
+fn upgrading(
+    input: &MajorUpgradeInput,
+    status: &mut DatabaseServiceStatus,
+    rollout: &mut Rollout,
+    journal: &mut Journal,
+    upgrade: &mut MajorUpgradeStatus,
+) -> ControlFlow<MajorUpgradeDecision, MajorUpgradeDecision> {
+    let MajorUpgradeInput { database, now, .. } = *input;
+    let decision = MajorUpgradeDecision { primary_first: Some(upgrade.primary.clone()), ..Default::default() };
+    let primary = input.instances.iter().find(|(health, _)| health.name == upgrade.primary);
+    let report = primary.and_then(|(_, report)| report.as_ref());
+    let upgrade_report = report.and_then(|report| report.major_upgrade.as_ref());
+    let failed = upgrade_report.filter(|report| {
+        report.state == InstanceUpgradeState::Failed && Some(report.to_major) == major_version(&upgrade.to_version)
+    });
+    if let Some(failed) = failed {
+        let reason = failed.message.clone().unwrap_or_else(|| "no reason given".into());
+        upgrade.phase = MajorUpgradePhase::RollingBack;
+        upgrade.message = Some(reason.clone());
+        status.major_upgrade = Some(upgrade.clone());
+        let message = format!(
+            "the upgrade of {} to {} failed and is rolled back to {} on its untouched data: {reason}",
+            status.major_upgrade.as_ref().map(|upgrade| upgrade.primary.as_str()).unwrap_or_default(),
+            rollout.version,
+            status.last_stable_version.clone().unwrap_or_default(),
+        );
+        let reason = RollbackReason { condition_reason: "UpgradeFailed", ledger: "pg_upgrade failed", message };
+        roll_back(database, status, rollout, journal, reason, now);
+        return ControlFlow::Break(MajorUpgradeDecision {
+            primary_first: status.major_upgrade.as_ref().map(|u| u.primary.clone()),
+            ..decision
+        });
+    }
+    let upgraded = primary.is_some_and(|(health, _)| health.image == upgrade.to_image && health.ready)
+        && report.is_some_and(|report| {
+            report.role == Role::Primary && report.postgres_ready && upgraded_to(report, &upgrade.to_version)
+        });
+    if upgraded {
+        let report = report.expect("checked above");
+        upgrade.phase = MajorUpgradePhase::Recloning;
+        upgrade.steps = upgrade_report.map(|report| report.steps.clone()).unwrap_or_default();
+        upgrade.downtime_milliseconds =
+            parse_time(&upgrade.primary_stopped_at).map(|stopped| (now - stopped).num_milliseconds().max(0) as u64);
+        upgrade.message = None;
+        // pg_upgrade starts the new system on timeline 1.
+        status.failover.timeline = Some(report.timeline);
+        journal.record(
+            false,
+            "MajorUpgradePrimaryUpgraded",
+            format!(
+                "{} runs PostgreSQL {} (down {}); cloning the standbys from it",
+                upgrade.primary,
+                upgrade.to_version,
+                seconds(upgrade.downtime_milliseconds),
+            ),
+            None,
+        );
+    }
+    ControlFlow::Continue(decision)
+}
+
+/// `Recloning`: the standbys are replaced and clone the new primary; `Completed` once every pod
+/// runs the new image and every standby streams.
+fn recloning(
+    input: &MajorUpgradeInput,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    upgrade: &mut MajorUpgradeStatus,
+    to_major: u32,
+) -> ControlFlow<MajorUpgradeDecision, MajorUpgradeDecision> {
+    let mut decision = MajorUpgradeDecision { primary_first: Some(upgrade.primary.clone()), ..Default::default() };
+    let primary_report = input
+        .instances
+        .iter()
+        .find(|(health, _)| health.name == upgrade.primary)
+        .and_then(|(_, report)| report.as_ref());
+    upgrade.analyze =
+        primary_report.and_then(|report| report.major_upgrade.as_ref()).and_then(|report| report.analyze.clone());
+    let standbys_stream =
+        input.instances.iter().filter(|(health, _)| health.name != upgrade.primary).all(|(_, report)| {
+            report.as_ref().is_some_and(|report| report.role == Role::Standby && report.wal_receiver)
+        });
+    if input.rolled_out && standbys_stream {
+        decision.primary_first = None;
+        complete(input, status, journal, upgrade, to_major);
+    }
+    ControlFlow::Continue(decision)
+}
+
+/// The upgrade is done: the archive continues under the new server name; the ledger keeps the
+/// downtime and the steps' durations.
+fn complete(
+    input: &MajorUpgradeInput,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    upgrade: &mut MajorUpgradeStatus,
+    to_major: u32,
+) {
+    let MajorUpgradeInput { database, now, .. } = *input;
+    upgrade.phase = MajorUpgradePhase::Completed;
+    status.archive_server_name = database
+        .spec
+        .backup
+        .as_ref()
+        .map(|backup| {
+            backup.object_store.server_name_or(&database.metadata.name.clone().unwrap_or_default()).to_string()
+        })
+        .map(|base| upgraded_server_name(&base, to_major));
+    let steps: Vec<String> =
+        upgrade.steps.iter().map(|step| format!("{} {}", step.name, seconds(Some(step.milliseconds)))).collect();
+    let note = format!(
+        "PostgreSQL {} to {} done: primary down {} ({})",
+        upgrade.from_version,
+        upgrade.to_version,
+        seconds(upgrade.downtime_milliseconds),
+        steps.join(", ")
+    );
+    let entry = LedgerEntry::at(
+        now,
+        database.metadata.generation.unwrap_or(0),
+        "MajorUpgraded",
+        upgrade.from_version.clone(),
+        upgrade.to_version.clone(),
+        format!("primary down {}: {}", seconds(upgrade.downtime_milliseconds), steps.join(", ")),
+    );
+    journal.record(false, "MajorUpgraded", note, Some(entry));
 }
 
 /// Whether an in-place major upgrade is past its way back: the standbys are being cloned from the

@@ -8,13 +8,16 @@ use crate::operator::database::apply::{apply, clear_switchover_request, ApplyFai
 use crate::operator::database::archiving::ArchivingHealth;
 use crate::operator::database::build::{desired, generate_password, NewPasswords};
 use crate::operator::database::credentials_form::keep_credentials_form;
-use crate::operator::database::decide::{credentials_conflict, decide, journal_applied, DecideInput};
+use crate::operator::database::decide::{
+    credentials_conflict, decide, journal_applied, DecideInput, Decision, Workload,
+};
 use crate::operator::database::error::ReconcileError;
 use crate::operator::database::failover::clock::running_timer;
-use crate::operator::database::observe::{from_caches, primary_lease, storage_classes, unlabelled_pods};
+use crate::operator::database::observe::{from_caches, primary_lease, storage_classes, unlabelled_pods, Observed};
 use crate::operator::database::recovery_source;
-use crate::operator::journal::now;
+use crate::operator::journal::{now, Journal};
 use crate::operator::publish::{publish, publish_applied};
+use chrono::{DateTime, Utc};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use std::time::Duration;
@@ -123,15 +126,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
         return Ok(Action::requeue(CACHE_LAG_RETRY));
     }
     let now = now();
-    let mut observed = from_caches(database, &context.stores);
-    storage_classes(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
-    unlabelled_pods(database, &mut observed, &context.shared.client).await.map_err(ReconcileError::Observe)?;
-    primary_lease(database, &mut observed, &context.shared.client, &context.lease_clock)
-        .await
-        .map_err(ReconcileError::Observe)?;
-    crate::operator::database::observe::pre_upgrade_backup(database, &mut observed, &context.shared.client)
-        .await
-        .map_err(ReconcileError::Observe)?;
+    let observed = observe(database, context).await?;
     let uid = database.metadata.uid.clone().unwrap_or_default();
     let timers = &context.shared.failover_timers;
     let running = database.status.as_ref().and_then(|status| running_timer(&status.failover));
@@ -152,34 +147,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
         return Err(ReconcileError::StepDown);
     }
     if let Some(workload) = decision.workload.clone() {
-        let replication = match workload.create_replication {
-            true if !workload.create_credentials => existing_replication_password(database, context).await?,
-            true => Some(generate_password()),
-            false => None,
-        };
-        let passwords = NewPasswords {
-            application: workload.create_credentials.then(generate_password),
-            superuser: workload.create_superuser.then(generate_password),
-            replication,
-        };
-        let children =
-            desired(database, &workload.inputs, passwords, context.shared.settings.database_network_policy.as_ref());
-        // The children written stay written even when apply fails part-way, and the next pass finds
-        // nothing left to correct: what they record (a drift put back, a child recreated) is told
-        // now or never. The decisions themselves are decided again by the next pass.
-        let (applied, failure) = match apply(database, children, &workload, &observed, context).await {
-            Ok(applied) => (applied, None),
-            Err(ApplyFailed { applied, error }) => (applied, Some(error)),
-        };
-        if let Some(secret) = &applied.credentials_conflict {
-            credentials_conflict(&mut decision, database, secret, now);
-        }
-        let told = journal_applied(&workload, &applied, database.metadata.generation.unwrap_or(0), now);
-        if let Some(error) = failure {
-            publish_applied(database, &told, observed.ledger.is_some(), context).await;
-            return Err(ReconcileError::Apply(error));
-        }
-        decision.journal.extend(told);
+        apply_workload(database, &workload, &observed, &mut decision, context, now).await?;
     }
     if !context.may_write() {
         return Err(ReconcileError::StepDown);
@@ -193,24 +161,7 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     // Before the switchover is published: the old primary stops only once the pools are paused.
     if let Some(target) = switchover_starting(database, &decision.status) {
         if database.spec.pooler.is_some() {
-            let outcome = crate::operator::database::pooler::pause_for_switchover(database, &target, context).await;
-            let (warning, reason, note) = match outcome.failures.is_empty() {
-                true => (
-                    false,
-                    "PoolerPaused",
-                    format!("{} pooler pods paused for the switchover to {target}", outcome.paused),
-                ),
-                false => (
-                    true,
-                    "PoolerPauseFailed",
-                    format!(
-                        "{} pooler pods paused for the switchover to {target}; not paused: {}",
-                        outcome.paused,
-                        outcome.failures.join("; ")
-                    ),
-                ),
-            };
-            decision.journal.record(warning, reason, note, None);
+            pause_pooler_for_switchover(database, &target, &mut decision.journal, context).await;
         }
     }
     decision.status.pooler =
@@ -221,16 +172,99 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
     if decision.workload.as_ref().is_some_and(|workload| workload.clear_switchover_request) {
         clear_switchover_request(database, context).await.map_err(ReconcileError::Publish)?;
     }
-    // The pooler's Deployment is not watched: its pods becoming ready, or the Deployment edited
-    // by hand, is seen by looking again.
-    let requeue = match &decision.status.pooler {
+    Ok(requeue_with_pooler(&decision).map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The children as cached, with what the caches do not hold: the storage classes, unlabelled
+/// pods, the primary Lease and the pre-upgrade backup.
+async fn observe(database: &DatabaseService, context: &PassContext) -> Result<Observed, ReconcileError> {
+    let client = &context.shared.client;
+    let mut observed = from_caches(database, &context.stores);
+    storage_classes(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
+    unlabelled_pods(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
+    primary_lease(database, &mut observed, client, &context.lease_clock).await.map_err(ReconcileError::Observe)?;
+    crate::operator::database::observe::pre_upgrade_backup(database, &mut observed, client)
+        .await
+        .map_err(ReconcileError::Observe)?;
+    Ok(observed)
+}
+
+/// Builds the children of `workload` (with new passwords where a Secret is to be made) and
+/// applies them; what applying did joins the decision's journal.
+async fn apply_workload(
+    database: &DatabaseService,
+    workload: &Workload,
+    observed: &Observed,
+    decision: &mut Decision,
+    context: &PassContext,
+    now: DateTime<Utc>,
+) -> Result<(), ReconcileError> {
+    let replication = match workload.create_replication {
+        true if !workload.create_credentials => existing_replication_password(database, context).await?,
+        true => Some(generate_password()),
+        false => None,
+    };
+    let passwords = NewPasswords {
+        application: workload.create_credentials.then(generate_password),
+        superuser: workload.create_superuser.then(generate_password),
+        replication,
+    };
+    let children =
+        desired(database, &workload.inputs, passwords, context.shared.settings.database_network_policy.as_ref());
+    // The children written stay written even when apply fails part-way, and the next pass finds
+    // nothing left to correct: what they record (a drift put back, a child recreated) is told
+    // now or never. The decisions themselves are decided again by the next pass.
+    let (applied, failure) = match apply(database, children, workload, observed, context).await {
+        Ok(applied) => (applied, None),
+        Err(ApplyFailed { applied, error }) => (applied, Some(error)),
+    };
+    if let Some(secret) = &applied.credentials_conflict {
+        credentials_conflict(decision, database, secret, now);
+    }
+    let told = journal_applied(workload, &applied, database.metadata.generation.unwrap_or(0), now);
+    if let Some(error) = failure {
+        publish_applied(database, &told, observed.ledger.is_some(), context).await;
+        return Err(ReconcileError::Apply(error));
+    }
+    decision.journal.extend(told);
+    Ok(())
+}
+
+/// Pauses the pooler's pools before a switchover starts, and tells how many pods it paused.
+async fn pause_pooler_for_switchover(
+    database: &DatabaseService,
+    target: &str,
+    journal: &mut Journal,
+    context: &PassContext,
+) {
+    let outcome = crate::operator::database::pooler::pause_for_switchover(database, target, context).await;
+    let (warning, reason, note) = match outcome.failures.is_empty() {
+        true => {
+            (false, "PoolerPaused", format!("{} pooler pods paused for the switchover to {target}", outcome.paused))
+        }
+        false => (
+            true,
+            "PoolerPauseFailed",
+            format!(
+                "{} pooler pods paused for the switchover to {target}; not paused: {}",
+                outcome.paused,
+                outcome.failures.join("; ")
+            ),
+        ),
+    };
+    journal.record(warning, reason, note, None);
+}
+
+/// The decision's requeue, sooner while a pooler runs: its Deployment is not watched, so its pods
+/// becoming ready, or the Deployment edited by hand, is seen by looking again.
+fn requeue_with_pooler(decision: &Decision) -> Option<Duration> {
+    match &decision.status.pooler {
         Some(pooler) => {
             let again = if pooler.ready_instances < pooler.instances { POOLER_STARTING } else { POOLER_RECHECK };
             Some(decision.requeue.map_or(again, |requeue| requeue.min(again)))
         }
         None => decision.requeue,
-    };
-    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    }
 }
 
 /// How soon a pass looks at a pooler whose pods are not all ready yet.

@@ -86,6 +86,26 @@ fn controller(
     };
     let mut controller = Controller::for_stream(database_events, databases);
     let mut stores = PartialStores::default();
+    controller = watch_children(controller, client, namespace, &mut stores);
+    controller = watch_nodes(controller, client, &mut stores);
+    // A primary Lease that lapsed (its holder fenced itself) wakes its database at once.
+    controller = controller.reconcile_on(lapse_triggers(client, namespace, lease_clock.clone()));
+    // No debounce: kube-runtime's debounce is trailing and restarts with every event, and during a
+    // failover the pods change every few hundred milliseconds (agents' reports, readiness, a pod
+    // re-created), so a 500 ms debounce held the pass that starts or completes the failover back
+    // for seconds (seen on the real node: 2 s after a primary pod's deletion). Passes read caches
+    // and write only what changed; triggers for an object already queued or running coalesce.
+    let config = ControllerConfig::default().concurrency(settings.concurrency);
+    (controller.with_config(config), stores.complete(), subscription)
+}
+
+/// Watches (and caches) every child kind: a change of a child wakes its DatabaseService.
+fn watch_children(
+    mut controller: Controller<DatabaseService>,
+    client: &Client,
+    namespace: Option<&str>,
+    stores: &mut PartialStores,
+) -> Controller<DatabaseService> {
     for kind in CHILD_KINDS {
         controller = match kind {
             ChildKind::StatefulSet => {
@@ -122,11 +142,20 @@ fn controller(
             }
         };
     }
-    // Nodes: a cordoned one wakes the databases whose pods run on it (see `failover::drain`).
+    controller
+}
+
+/// Watches (and caches) the nodes: a cordoned one wakes the databases whose pods run on it (see
+/// `failover::drain`).
+fn watch_nodes(
+    controller: Controller<DatabaseService>,
+    client: &Client,
+    stores: &mut PartialStores,
+) -> Controller<DatabaseService> {
     let (nodes, node_events) = cache(watcher(Api::<Node>::all(client.clone()), watcher::Config::default()));
     stores.nodes = Some(nodes);
     let pods = stores.pods.clone().expect("the pod cache is wired");
-    controller = controller.watches_stream(node_events, move |node: Node| {
+    controller.watches_stream(node_events, move |node: Node| {
         let cordoned = node.spec.as_ref().and_then(|spec| spec.unschedulable).unwrap_or(false);
         let name = node.metadata.name.unwrap_or_default();
         let on_node =
@@ -137,16 +166,7 @@ fn controller(
             Vec::new()
         };
         databases
-    });
-    // A primary Lease that lapsed (its holder fenced itself) wakes its database at once.
-    controller = controller.reconcile_on(lapse_triggers(client, namespace, lease_clock.clone()));
-    // No debounce: kube-runtime's debounce is trailing and restarts with every event, and during a
-    // failover the pods change every few hundred milliseconds (agents' reports, readiness, a pod
-    // re-created), so a 500 ms debounce held the pass that starts or completes the failover back
-    // for seconds (seen on the real node: 2 s after a primary pod's deletion). Passes read caches
-    // and write only what changed; triggers for an object already queued or running coalesce.
-    let config = ControllerConfig::default().concurrency(settings.concurrency);
-    (controller.with_config(config), stores.complete(), subscription)
+    })
 }
 
 /// One pass: the finalizer around the live or cleanup pipeline, cancelled if leadership is lost.

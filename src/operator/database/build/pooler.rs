@@ -445,15 +445,7 @@ pub fn pooler_deployment(
         "{:016x}",
         crate::api::postgresql::fnv1a(serde_json::to_string(&configuration.data).unwrap_or_default().as_bytes())
     );
-    let placement = &database.spec.placement;
-    let spread = WeightedPodAffinityTerm {
-        weight: 100,
-        pod_affinity_term: PodAffinityTerm {
-            label_selector: Some(LabelSelector { match_labels: Some(pod_labels.clone()), ..Default::default() }),
-            topology_key: "kubernetes.io/hostname".into(),
-            ..Default::default()
-        },
-    };
+    let pod_spec = pooler_pod_spec(database, containers, server_certificate, &pod_labels);
     Deployment {
         metadata: ObjectMeta {
             name: Some(ChildNames::pooler(&name)),
@@ -478,35 +470,55 @@ pub fn pooler_deployment(
                     annotations: Some([(CONFIGURATION_ANNOTATION.to_string(), fingerprint)].into()),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(ChildNames::pooler(&name)),
-                    automount_service_account_token: Some(true),
-                    containers,
-                    volumes: Some(volumes(database, server_certificate)),
-                    termination_grace_period_seconds: Some(i64::from(DRAIN_SECONDS) + 20),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(POOLER_USER),
-                        run_as_group: Some(POOLER_USER),
-                        fs_group: Some(POOLER_USER),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
-                        ..Default::default()
-                    }),
-                    affinity: Some(Affinity {
-                        pod_anti_affinity: Some(PodAntiAffinity {
-                            preferred_during_scheduling_ignored_during_execution: Some(vec![spread]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    tolerations: placement.tolerations.clone(),
-                    node_selector: placement.node_selector.clone(),
-                    priority_class_name: placement.priority_class_name.clone(),
-                    ..Default::default()
-                }),
+                spec: Some(pod_spec),
             },
             ..Default::default()
         },
+        ..Default::default()
+    }
+}
+
+/// The pooler pods: `containers` as an unprivileged user, spread across nodes, placed as the
+/// database's pods are.
+fn pooler_pod_spec(
+    database: &DatabaseService,
+    containers: Vec<Container>,
+    server_certificate: &str,
+    pod_labels: &BTreeMap<String, String>,
+) -> PodSpec {
+    let placement = &database.spec.placement;
+    let spread = WeightedPodAffinityTerm {
+        weight: 100,
+        pod_affinity_term: PodAffinityTerm {
+            label_selector: Some(LabelSelector { match_labels: Some(pod_labels.clone()), ..Default::default() }),
+            topology_key: "kubernetes.io/hostname".into(),
+            ..Default::default()
+        },
+    };
+    PodSpec {
+        service_account_name: Some(ChildNames::pooler(&database.name_any())),
+        automount_service_account_token: Some(true),
+        containers,
+        volumes: Some(volumes(database, server_certificate)),
+        termination_grace_period_seconds: Some(i64::from(DRAIN_SECONDS) + 20),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(POOLER_USER),
+            run_as_group: Some(POOLER_USER),
+            fs_group: Some(POOLER_USER),
+            seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), ..Default::default() }),
+            ..Default::default()
+        }),
+        affinity: Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![spread]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        tolerations: placement.tolerations.clone(),
+        node_selector: placement.node_selector.clone(),
+        priority_class_name: placement.priority_class_name.clone(),
         ..Default::default()
     }
 }

@@ -290,71 +290,17 @@ fn steady(
     next.transition = None;
     let primary = find(observed, &current);
     let report = primary.and_then(|primary| primary.report.as_ref());
-    if primary.is_some_and(|primary| primary.fenced_by_hand) || report.is_some_and(|report| report.fenced) {
-        next.primary_failing_since = None;
-        return Decision {
-            status: next,
-            action: Action::FailoverBlocked { primary: current, reason: Rejection::Fenced },
-        };
-    }
-    if report.is_some_and(|report| report.disk_full) {
-        next.primary_failing_since = None;
-        return Decision {
-            status: next,
-            action: Action::FailoverBlocked { primary: current, reason: Rejection::DiskFull },
-        };
-    }
     let lapsed = observed.lease_lapsed
         && observed.lease.as_ref().is_some_and(|lease| lease.holder.as_deref() == Some(current.as_str()));
     let healthy = primary.is_some_and(|primary| primary.pod == PodState::Ready)
         && report.is_some_and(|report| report.postgres_ready && report.role == Role::Primary)
         && !lapsed;
-    if observed.held_by_major_upgrade && status.transition.is_none() {
-        // The upgrade stops the primary on purpose, and a standby of the old major promoted
-        // beside an upgraded primary would fork the database: nothing moves until it is done.
+    if let Some(action) = held_primary(status, observed, primary, healthy, &current) {
         next.primary_failing_since = None;
-        let action = if healthy {
-            Action::Steady
-        } else {
-            Action::FailoverBlocked { primary: current, reason: Rejection::MajorUpgrade }
-        };
         return Decision { status: next, action };
     }
-    if !healthy && observed.instances.iter().all(|instance| instance.name == current) {
-        // A single instance is never "failed over": that would stop its own server (the target
-        // is no longer itself) and leave the database down until the failover was abandoned.
-        // Its pod is restarted by the controller's self-healing instead.
-        next.primary_failing_since = None;
-        return Decision {
-            status: next,
-            action: Action::FailoverBlocked { primary: current, reason: Rejection::NoStandby },
-        };
-    }
-    let returning = status.transition.as_ref().filter(|transition| {
-        let timeout = match transition.kind {
-            TransitionKind::Switchover => settings.switchover_timeout,
-            TransitionKind::Failover => settings.candidate_timeout,
-        };
-        transition.from == current && elapsed(transition.started_at, now) < timeout
-    });
-    if let Some(returning) = returning.filter(|_| !healthy) {
-        // An abandoned change gave the old primary its place back: it restarts (its pod may be
-        // coming back), and no failover starts meanwhile.
-        next.transition = Some(returning.clone());
-        return Decision { status: next, action: Action::WaitingForPromotion { target: current } };
-    }
     if !healthy {
-        let since = status.primary_failing_since.unwrap_or(now);
-        next.primary_failing_since = Some(since);
-        let waited = elapsed(since, now);
-        if waited < settings.failover_delay {
-            let failover_in = settings.failover_delay - waited;
-            return Decision { status: next, action: Action::PrimaryFailing { primary: current, failover_in } };
-        }
-        next.target_primary = Some(PENDING.into());
-        next.transition = Some(Transition { kind: TransitionKind::Failover, from: current.clone(), started_at: now });
-        let release_lease = primary.is_none_or(|primary| primary.pod == PodState::Gone);
-        return Decision { status: next, action: Action::FailoverStarted { old_primary: current, release_lease } };
+        return failing_primary(status, settings, now, primary, current, next);
     }
     if status.primary_failing_since.is_some() {
         next.primary_failing_since = None;
@@ -367,24 +313,101 @@ fn steady(
         return Decision { status: next, action: Action::ForeignPrimary { instance: foreign.name.clone() } };
     }
     if let Some(target) = observed.switchover_to.clone().filter(|target| *target != current) {
-        let reason = match find(observed, &target) {
-            None => Some(Rejection::UnknownInstance),
-            Some(instance) => {
-                let timeline = current_timeline(status, observed);
-                rejection(instance, reference_lsn(observed, timeline), timeline, settings, true)
-            }
-        };
-        if let Some(reason) = reason {
-            return Decision { status: next, action: Action::SwitchoverRejected { target, reason } };
-        }
-        next.target_primary = Some(target.clone());
-        next.transition = Some(Transition { kind: TransitionKind::Switchover, from: current, started_at: now });
-        return Decision {
-            status: next,
-            action: Action::PromotionRequested { kind: TransitionKind::Switchover, target },
-        };
+        return request_switchover(status, observed, settings, now, current, target, next);
     }
     Decision { status: next, action: Action::Steady }
+}
+
+/// The action for a primary that is never failed over as things stand (fenced, its disk full,
+/// an upgrade under way, no standby), None when failover may go ahead.
+fn held_primary(
+    status: &FailoverStatus,
+    observed: &Observed,
+    primary: Option<&InstanceObservation>,
+    healthy: bool,
+    current: &str,
+) -> Option<Action> {
+    let report = primary.and_then(|primary| primary.report.as_ref());
+    let blocked = |reason| Some(Action::FailoverBlocked { primary: current.to_string(), reason });
+    if primary.is_some_and(|primary| primary.fenced_by_hand) || report.is_some_and(|report| report.fenced) {
+        return blocked(Rejection::Fenced);
+    }
+    if report.is_some_and(|report| report.disk_full) {
+        return blocked(Rejection::DiskFull);
+    }
+    if observed.held_by_major_upgrade && status.transition.is_none() {
+        // The upgrade stops the primary on purpose, and a standby of the old major promoted
+        // beside an upgraded primary would fork the database: nothing moves until it is done.
+        return if healthy { Some(Action::Steady) } else { blocked(Rejection::MajorUpgrade) };
+    }
+    if !healthy && observed.instances.iter().all(|instance| instance.name == current) {
+        // A single instance is never "failed over": that would stop its own server (the target
+        // is no longer itself) and leave the database down until the failover was abandoned.
+        // Its pod is restarted by the controller's self-healing instead.
+        return blocked(Rejection::NoStandby);
+    }
+    None
+}
+
+/// An unhealthy primary: waits for one given its place back by an abandoned change, counts down
+/// the failover delay, then starts a failover.
+fn failing_primary(
+    status: &FailoverStatus,
+    settings: &FailoverSettings,
+    now: DateTime<Utc>,
+    primary: Option<&InstanceObservation>,
+    current: String,
+    mut next: FailoverStatus,
+) -> Decision {
+    let returning = status.transition.as_ref().filter(|transition| {
+        let timeout = match transition.kind {
+            TransitionKind::Switchover => settings.switchover_timeout,
+            TransitionKind::Failover => settings.candidate_timeout,
+        };
+        transition.from == current && elapsed(transition.started_at, now) < timeout
+    });
+    if let Some(returning) = returning {
+        // An abandoned change gave the old primary its place back: it restarts (its pod may be
+        // coming back), and no failover starts meanwhile.
+        next.transition = Some(returning.clone());
+        return Decision { status: next, action: Action::WaitingForPromotion { target: current } };
+    }
+    let since = status.primary_failing_since.unwrap_or(now);
+    next.primary_failing_since = Some(since);
+    let waited = elapsed(since, now);
+    if waited < settings.failover_delay {
+        let failover_in = settings.failover_delay - waited;
+        return Decision { status: next, action: Action::PrimaryFailing { primary: current, failover_in } };
+    }
+    next.target_primary = Some(PENDING.into());
+    next.transition = Some(Transition { kind: TransitionKind::Failover, from: current.clone(), started_at: now });
+    let release_lease = primary.is_none_or(|primary| primary.pod == PodState::Gone);
+    Decision { status: next, action: Action::FailoverStarted { old_primary: current, release_lease } }
+}
+
+/// A switchover to `target` asked for: refused when the target may not be promoted, else started.
+fn request_switchover(
+    status: &FailoverStatus,
+    observed: &Observed,
+    settings: &FailoverSettings,
+    now: DateTime<Utc>,
+    current: String,
+    target: String,
+    mut next: FailoverStatus,
+) -> Decision {
+    let reason = match find(observed, &target) {
+        None => Some(Rejection::UnknownInstance),
+        Some(instance) => {
+            let timeline = current_timeline(status, observed);
+            rejection(instance, reference_lsn(observed, timeline), timeline, settings, true)
+        }
+    };
+    if let Some(reason) = reason {
+        return Decision { status: next, action: Action::SwitchoverRejected { target, reason } };
+    }
+    next.target_primary = Some(target.clone());
+    next.transition = Some(Transition { kind: TransitionKind::Switchover, from: current, started_at: now });
+    Decision { status: next, action: Action::PromotionRequested { kind: TransitionKind::Switchover, target } }
 }
 
 fn choose_candidate(
@@ -504,13 +527,25 @@ fn await_promotion(
             return Decision { status: next, action };
         }
     }
-    let old_primary_running = find(observed, &current).is_some_and(|old| {
-        old.pod == PodState::Ready
-            && old.report.as_ref().is_some_and(|report| report.role == Role::Primary && report.postgres_ready)
-    });
-    // A target that promoted already is past every check below: only its report is awaited.
+    let lost = target_lost(instance);
+    let timed_out = transition.kind == TransitionKind::Switchover
+        && elapsed(transition.started_at, now) >= settings.switchover_timeout;
+    if let Some(reason) = lost.clone().filter(|_| transition.kind == TransitionKind::Failover) {
+        next.target_primary = Some(PENDING.into());
+        return Decision { status: next, action: Action::CandidateLost { target, reason } };
+    }
+    if lost.is_some() || timed_out {
+        return give_up_promotion(next, observed, settings, now, target, transition, lost);
+    }
+    Decision { status: next, action: Action::WaitingForPromotion { target } }
+}
+
+/// Why the target of a promotion cannot be promoted any more, if it cannot. A target that
+/// promoted already is past every check: only its report is awaited.
+fn target_lost(instance: Option<&InstanceObservation>) -> Option<Rejection> {
+    let report = instance.and_then(|instance| instance.report.as_ref());
     let promoted = report.is_some_and(|report| report.role == Role::Primary);
-    let lost = match instance {
+    match instance {
         None => Some(Rejection::UnknownInstance),
         Some(instance) if !promoted => match instance.pod {
             PodState::Gone => Some(Rejection::PodGone),
@@ -519,43 +554,52 @@ fn await_promotion(
             _ => None,
         },
         Some(_) => None,
-    };
-    let timed_out = transition.kind == TransitionKind::Switchover
-        && elapsed(transition.started_at, now) >= settings.switchover_timeout;
-    if let Some(reason) = lost.clone().filter(|_| transition.kind == TransitionKind::Failover) {
-        next.target_primary = Some(PENDING.into());
-        return Decision { status: next, action: Action::CandidateLost { target, reason } };
     }
+}
+
+/// A switchover whose target was lost or timed out (a failover's lost candidate is chosen again
+/// before this): the old primary stays or returns when it can, else a failover starts.
+fn give_up_promotion(
+    mut next: FailoverStatus,
+    observed: &Observed,
+    settings: &FailoverSettings,
+    now: DateTime<Utc>,
+    target: String,
+    transition: Transition,
+    lost: Option<Rejection>,
+) -> Decision {
+    let current = next.current_primary.clone().unwrap_or_default();
+    let old_primary_running = find(observed, &current).is_some_and(|old| {
+        old.pod == PodState::Ready
+            && old.report.as_ref().is_some_and(|report| report.role == Role::Primary && report.postgres_ready)
+    });
     // A switchover promises every acknowledged commit, which only the old primary is sure to
     // hold: while its pod exists and the target has not taken the Lease, giving up means giving
     // the old primary its place back (its agent restarts it as primary), never a failover.
     let old_primary_can_return = find(observed, &current).is_some_and(|old| old.pod != PodState::Gone)
         && observed.lease.as_ref().is_none_or(|lease| lease.holder.as_deref() != Some(target.as_str()));
-    if lost.is_some() || timed_out {
-        if old_primary_running || (transition.kind == TransitionKind::Switchover && old_primary_can_return) {
-            // The old primary never stopped, or stopped for nothing: it stays (or is again) primary.
-            // A stopped one is given its place back with a returning transition, so that the
-            // failover its absence would start waits while its agent restarts it (see `steady`).
-            next.transition = (!old_primary_running).then(|| Transition {
-                kind: TransitionKind::Switchover,
-                from: current.clone(),
-                started_at: now,
-            });
-            next.target_primary = Some(current);
-            let reason = match lost {
-                Some(reason) => format!("target {target} cannot be promoted: {reason:?}"),
-                None => format!("target {target} was not promoted within {:?}", settings.switchover_timeout),
-            };
-            return Decision {
-                status: next,
-                action: Action::TransitionAbandoned { kind: TransitionKind::Switchover, reason },
-            };
-        }
-        // The old primary has stopped: the quickest way back to a primary is a failover.
-        next.target_primary = Some(PENDING.into());
-        next.transition = Some(Transition { kind: TransitionKind::Failover, ..transition });
-        let reason = lost.unwrap_or(Rejection::TimedOut);
-        return Decision { status: next, action: Action::CandidateLost { target, reason } };
+    if old_primary_running || (transition.kind == TransitionKind::Switchover && old_primary_can_return) {
+        // The old primary never stopped, or stopped for nothing: it stays (or is again) primary.
+        // A stopped one is given its place back with a returning transition, so that the
+        // failover its absence would start waits while its agent restarts it (see `steady`).
+        next.transition = (!old_primary_running).then(|| Transition {
+            kind: TransitionKind::Switchover,
+            from: current.clone(),
+            started_at: now,
+        });
+        next.target_primary = Some(current);
+        let reason = match lost {
+            Some(reason) => format!("target {target} cannot be promoted: {reason:?}"),
+            None => format!("target {target} was not promoted within {:?}", settings.switchover_timeout),
+        };
+        return Decision {
+            status: next,
+            action: Action::TransitionAbandoned { kind: TransitionKind::Switchover, reason },
+        };
     }
-    Decision { status: next, action: Action::WaitingForPromotion { target } }
+    // The old primary has stopped: the quickest way back to a primary is a failover.
+    next.target_primary = Some(PENDING.into());
+    next.transition = Some(Transition { kind: TransitionKind::Failover, ..transition });
+    let reason = lost.unwrap_or(Rejection::TimedOut);
+    Decision { status: next, action: Action::CandidateLost { target, reason } }
 }

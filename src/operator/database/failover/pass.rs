@@ -198,59 +198,18 @@ pub fn decide_failover(
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) -> FailoverOutcome {
-    let FailoverInput { pods, health, lease, .. } = input;
-    let lease = *lease;
+    let lease = input.lease;
     let generation = database.metadata.generation.unwrap_or(0);
     let mut current = status.failover.clone();
     if current.current_primary.is_none() {
-        // The primary is whoever holds the primary Lease; the status only caches it. A status lost
-        // (the object re-created or restored without it) must not make ordinal 0 the primary while
-        // another instance holds the Lease. With no holder, this is the bootstrap: the first
-        // instance initializes the database (its agent runs initdb).
-        let primary =
-            lease.and_then(|lease| lease.holder.clone()).unwrap_or_else(|| format!("{}-0", database.name_any()));
-        current.current_primary = Some(primary.clone());
-        current.target_primary = Some(primary);
+        adopt_primary(database, lease, &mut current);
     }
-    let instances = observations(database, pods, health);
+    let instances = observations(database, input.pods, input.health);
     let request = switchover_request(database);
     if !engaged(&current) {
-        // Bootstrap (or pods without agents): the first instance is the primary; failover engages
-        // once it has been healthy.
-        current.timeline = healthy_primary_timeline(&instances, current.current_primary.as_ref());
-        let reported = instances.iter().any(|instance| instance.report.is_some());
-        status.instances = if reported { instance_statuses(database, &instances, lease) } else { Vec::new() };
-        status.failover = current.clone();
-        let primary = primary_report(&instances, status.failover.current_primary.as_ref());
-        crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
-        return FailoverOutcome {
-            primary: current.current_primary,
-            clear_switchover_request: false,
-            release_lease_of: None,
-            release_lapsed_lease: None,
-            urgent: false,
-        };
+        return bootstrap(database, &instances, lease, current, status, journal, now);
     }
-    if request.is_none() {
-        if let Some(target) = &input.rolling_switchover {
-            journal.record(
-                false,
-                "RollingSwitchover",
-                format!("only the primary runs an old revision: switching over to the updated standby {target} first"),
-                None,
-            );
-        }
-    }
-    if let (None, None, Some(target)) = (&request, &input.rolling_switchover, &input.drain_switchover) {
-        journal.record(
-            false,
-            "DrainSwitchover",
-            format!("the primary's node is cordoned: switching over to {target} before the drain evicts it"),
-            None,
-        );
-    }
-    let switchover_to =
-        request.clone().or_else(|| input.rolling_switchover.clone()).or_else(|| input.drain_switchover.clone());
+    let switchover_to = announce_switchover(input, request.as_ref(), journal);
     let observed = failover::Observed {
         instances: instances.clone(),
         lease: lease.cloned(),
@@ -258,20 +217,7 @@ pub fn decide_failover(
         switchover_to,
         held_by_major_upgrade: input.held_by_major_upgrade,
     };
-    let mut settings = database.spec.failover_settings();
-    (settings.synchronous_standbys, settings.synchronous_members) =
-        crate::operator::database::durability::synchronous_in_force(database, status);
-    // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
-    let judged_at = match (clock::running_timer(&current), input.timer_seen) {
-        (Some(since), Some(seen)) => clock::judged_at(since, seen),
-        _ => now,
-    };
-    let mut decision = failover::decide(&current, &observed, &settings, judged_at);
-    if let (Action::PrimaryChanged { took, .. }, Some(transition)) = (&mut decision.action, &current.transition) {
-        // How long it took is for people: the wall clock, not the timer clock (a leader that took
-        // over in the middle would count from its own start).
-        *took = (now - transition.started_at).to_std().unwrap_or(*took);
-    }
+    let decision = decide_on_timer_clock(database, status, &current, &observed, input.timer_seen, now);
     let next = decision.status;
     let mut outcome = FailoverOutcome::default();
     let behind = match &decision.action {
@@ -303,8 +249,111 @@ pub fn decide_failover(
         .is_some_and(|report| report.role == Role::Primary && report.postgres_ready);
     outcome.primary = next.current_primary.clone().filter(|_| settled || (switching_over && still_serving));
     outcome.urgent = !settled || next.primary_failing_since.is_some() || next.transition.is_some();
-    status.instances = instance_statuses(database, &instances, lease);
-    let reported_by_primary = primary_report(&instances, next.current_primary.as_ref());
+    record_instances(database, &instances, lease, next.current_primary.as_ref(), status);
+    status.failover = next;
+    let primary = primary_report(&instances, status.failover.current_primary.as_ref().filter(|_| settled));
+    crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
+    outcome
+}
+
+/// The primary is whoever holds the primary Lease; the status only caches it. A status lost (the
+/// object re-created or restored without it) must not make ordinal 0 the primary while another
+/// instance holds the Lease. With no holder, this is the bootstrap: the first instance
+/// initializes the database (its agent runs initdb).
+fn adopt_primary(database: &DatabaseService, lease: Option<&LeaseRecord>, current: &mut FailoverStatus) {
+    let primary = lease.and_then(|lease| lease.holder.clone()).unwrap_or_else(|| format!("{}-0", database.name_any()));
+    current.current_primary = Some(primary.clone());
+    current.target_primary = Some(primary);
+}
+
+/// Bootstrap (or pods without agents): the first instance is the primary; failover engages once
+/// it has been healthy.
+fn bootstrap(
+    database: &DatabaseService,
+    instances: &[InstanceObservation],
+    lease: Option<&LeaseRecord>,
+    mut current: FailoverStatus,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> FailoverOutcome {
+    current.timeline = healthy_primary_timeline(instances, current.current_primary.as_ref());
+    let reported = instances.iter().any(|instance| instance.report.is_some());
+    status.instances = if reported { instance_statuses(database, instances, lease) } else { Vec::new() };
+    status.failover = current.clone();
+    let primary = primary_report(instances, status.failover.current_primary.as_ref());
+    crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
+    FailoverOutcome {
+        primary: current.current_primary,
+        clear_switchover_request: false,
+        release_lease_of: None,
+        release_lapsed_lease: None,
+        urgent: false,
+    }
+}
+
+/// Tells a switchover the operator starts by itself (a rolling update's, a drain's) and returns
+/// the switchover to ask for: a person's request first, then the rolling update's, then the drain's.
+fn announce_switchover(input: &FailoverInput, request: Option<&String>, journal: &mut Journal) -> Option<String> {
+    if request.is_none() {
+        if let Some(target) = &input.rolling_switchover {
+            journal.record(
+                false,
+                "RollingSwitchover",
+                format!("only the primary runs an old revision: switching over to the updated standby {target} first"),
+                None,
+            );
+        }
+    }
+    if let (None, None, Some(target)) = (request, &input.rolling_switchover, &input.drain_switchover) {
+        journal.record(
+            false,
+            "DrainSwitchover",
+            format!("the primary's node is cordoned: switching over to {target} before the drain evicts it"),
+            None,
+        );
+    }
+    request.cloned().or_else(|| input.rolling_switchover.clone()).or_else(|| input.drain_switchover.clone())
+}
+
+/// The failover rules' decision, with the synchronous standbys in force and the timers judged
+/// on this process's clock.
+fn decide_on_timer_clock(
+    database: &DatabaseService,
+    status: &DatabaseServiceStatus,
+    current: &FailoverStatus,
+    observed: &failover::Observed,
+    timer_seen: Option<Duration>,
+    now: DateTime<Utc>,
+) -> failover::Decision {
+    let mut settings = database.spec.failover_settings();
+    (settings.synchronous_standbys, settings.synchronous_members) =
+        crate::operator::database::durability::synchronous_in_force(database, status);
+    // Timers are judged on this process's clock, not by comparing wall clocks (see clock.rs).
+    let judged_at = match (clock::running_timer(current), timer_seen) {
+        (Some(since), Some(seen)) => clock::judged_at(since, seen),
+        _ => now,
+    };
+    let mut decision = failover::decide(current, observed, &settings, judged_at);
+    if let (Action::PrimaryChanged { took, .. }, Some(transition)) = (&mut decision.action, &current.transition) {
+        // How long it took is for people: the wall clock, not the timer clock (a leader that took
+        // over in the middle would count from its own start).
+        *took = (now - transition.started_at).to_std().unwrap_or(*took);
+    }
+    decision
+}
+
+/// The instances' statuses, and what the primary's agent last reported of the declared roles and
+/// databases and of the import.
+fn record_instances(
+    database: &DatabaseService,
+    instances: &[InstanceObservation],
+    lease: Option<&LeaseRecord>,
+    primary: Option<&String>,
+    status: &mut DatabaseServiceStatus,
+) {
+    status.instances = instance_statuses(database, instances, lease);
+    let reported_by_primary = primary_report(instances, primary);
     // The primary's agent keeps spec.roles and spec.databases; its last pass is the status.
     if let Some(declared) = reported_by_primary.and_then(|report| report.declared.clone()) {
         status.declared = Some(declared);
@@ -313,10 +362,6 @@ pub fn decide_failover(
     if let Some(import) = reported_by_primary.and_then(|report| report.import.clone()) {
         status.import = Some(import);
     }
-    status.failover = next;
-    let primary = primary_report(&instances, status.failover.current_primary.as_ref().filter(|_| settled));
-    crate::operator::database::durability::keep_durability(database, primary, status, journal, now);
-    outcome
 }
 
 /// The lapsed Lease to release: its holder has fenced itself and is not the primary wanted now (a
@@ -410,29 +455,7 @@ fn tell(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut Fai
 /// Tells the steps of a failover or switchover under way, and the primaries found outside one.
 fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcome: &mut FailoverOutcome) {
     match action {
-        Action::PromotionRequested { kind, target } => {
-            let from = told.next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
-            let mut note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
-            let mut outcome_text = "requested".to_string();
-            if told.behind > 0 {
-                // What the choice costs, in the ledger: the commits in that WAL are given up.
-                let gap = format!(
-                    "{target} is {} bytes of WAL behind the last position known of {from}: the commits in it are given up",
-                    told.behind
-                );
-                note = format!("{note}; {gap}");
-                outcome_text = format!("requested; {gap}");
-            }
-            let entry = LedgerEntry::at(
-                told.now,
-                told.generation,
-                &format!("{}Promoting", kind_name(kind)),
-                from,
-                target,
-                &outcome_text,
-            );
-            journal.record(told.behind > 0, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
-        }
+        Action::PromotionRequested { kind, target } => tell_promotion_requested(kind, target, told, journal),
         Action::CandidateLost { target, reason } => {
             journal.record(
                 true,
@@ -442,25 +465,7 @@ fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcom
             );
         }
         Action::PrimaryChanged { kind, from, to, timeline, took } => {
-            let seconds = format!("{:.1}s", took.as_secs_f64());
-            let note = format!(
-                "{} from {from} to {to} completed in {seconds} (timeline {timeline})",
-                kind_name(kind).to_lowercase()
-            );
-            let entry = LedgerEntry::at(
-                told.now,
-                told.generation,
-                kind_name(kind),
-                from,
-                to.clone(),
-                format!("completed in {seconds}, timeline {timeline}"),
-            );
-            journal.record(
-                kind == TransitionKind::Failover,
-                &format!("{}Completed", kind_name(kind)),
-                note,
-                Some(entry),
-            );
+            tell_primary_changed(kind, from, to, timeline, took, told, journal);
             outcome.clear_switchover_request = told.request.is_some();
         }
         Action::TransitionAbandoned { kind, reason } => {
@@ -499,6 +504,55 @@ fn tell_transition(action: Action, told: &Telling, journal: &mut Journal, outcom
         | Action::FailoverStarted { .. }
         | Action::NoCandidate { .. } => {}
     }
+}
+
+/// Tells a promotion requested, with the WAL a failover's choice gives up (when it gives up any).
+fn tell_promotion_requested(kind: TransitionKind, target: String, told: &Telling, journal: &mut Journal) {
+    let from = told.next.transition.as_ref().map(|transition| transition.from.clone()).unwrap_or_default();
+    let mut note = format!("{} from {from} to {target}: promoting {target}", kind_name(kind).to_lowercase());
+    let mut outcome_text = "requested".to_string();
+    if told.behind > 0 {
+        // What the choice costs, in the ledger: the commits in that WAL are given up.
+        let gap = format!(
+            "{target} is {} bytes of WAL behind the last position known of {from}: the commits in it are given up",
+            told.behind
+        );
+        note = format!("{note}; {gap}");
+        outcome_text = format!("requested; {gap}");
+    }
+    let entry = LedgerEntry::at(
+        told.now,
+        told.generation,
+        &format!("{}Promoting", kind_name(kind)),
+        from,
+        target,
+        &outcome_text,
+    );
+    journal.record(told.behind > 0, &format!("{}Promoting", kind_name(kind)), note, Some(entry));
+}
+
+/// Tells a completed failover (a Warning) or switchover, with how long it took.
+fn tell_primary_changed(
+    kind: TransitionKind,
+    from: String,
+    to: String,
+    timeline: u32,
+    took: Duration,
+    told: &Telling,
+    journal: &mut Journal,
+) {
+    let seconds = format!("{:.1}s", took.as_secs_f64());
+    let note =
+        format!("{} from {from} to {to} completed in {seconds} (timeline {timeline})", kind_name(kind).to_lowercase());
+    let entry = LedgerEntry::at(
+        told.now,
+        told.generation,
+        kind_name(kind),
+        from,
+        to.clone(),
+        format!("completed in {seconds}, timeline {timeline}"),
+    );
+    journal.record(kind == TransitionKind::Failover, &format!("{}Completed", kind_name(kind)), note, Some(entry));
 }
 
 /// How soon to look again while a change is in progress (reports also wake the controller).
