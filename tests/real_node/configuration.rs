@@ -18,10 +18,12 @@ const INSTANCES: [&str; 2] = ["ha-0", "ha-1"];
 
 /// `SHOW name` on every instance, once each answers.
 fn shown_everywhere(namespace: &str, name: &str) -> Option<Vec<String>> {
-    INSTANCES
-        .iter()
-        .map(|pod| kubectl_quiet(namespace, pod, &format!("show {name}")).map(|value| value.trim().to_string()))
-        .collect()
+    answered_everywhere(namespace, &format!("show {name}"))
+}
+
+/// `query`'s answer on every instance, or None when one does not answer.
+fn answered_everywhere(namespace: &str, query: &str) -> Option<Vec<String>> {
+    INSTANCES.iter().map(|pod| kubectl_quiet(namespace, pod, query).map(|value| value.trim().to_string())).collect()
 }
 
 /// The instances' pod UIDs (empty strings for pods not there at the moment).
@@ -74,7 +76,9 @@ async fn parameters_reload_or_roll_switchover_first_and_initdb_and_pg_hba_take_e
     })
     .await;
     assert_eq!(checksums, ["on", "on"]);
-    assert_eq!(shown_everywhere(ns, "lc_collate").unwrap(), ["C", "C"]);
+    // The database's collation (the lc_collate setting is gone since PostgreSQL 16).
+    let collation = "select datcollate from pg_database where datname = current_database()";
+    assert_eq!(answered_everywhere(ns, collation).unwrap(), ["C", "C"]);
     assert_eq!(shown_everywhere(ns, "work_mem").unwrap(), ["8MB", "8MB"]);
 
     // The spec's pg_hba rule: the application may log into its database, not into postgres.

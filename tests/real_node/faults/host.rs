@@ -45,12 +45,37 @@ pub fn agent(namespace: &str, pod: &str) -> Option<HostProcess> {
         .find(|process| process.arguments.windows(2).any(|pair| pair[0] == "instance" && pair[1] == "run"))
 }
 
-/// The postmaster of `pod` (started by the agent with `-D`).
+/// The postmaster of `pod`: the agent's own child started with `-D`. Another `postgres -D` of the
+/// pod (a tool's server, one left from an earlier start) is not the one serving.
 pub fn postmaster(namespace: &str, pod: &str) -> Option<HostProcess> {
-    processes_of(namespace, pod).into_iter().find(|process| {
-        process.arguments.first().is_some_and(|program| program.ends_with("/postgres"))
-            && process.arguments.get(1).is_some_and(|flag| flag == "-D")
-    })
+    let processes = processes_of(namespace, pod);
+    let agent = processes
+        .iter()
+        .find(|process| process.arguments.windows(2).any(|pair| pair[0] == "instance" && pair[1] == "run"))?
+        .pid;
+    let mut servers: Vec<HostProcess> = processes
+        .into_iter()
+        .filter(|process| {
+            process.arguments.first().is_some_and(|program| program.ends_with("/postgres"))
+                && process.arguments.get(1).is_some_and(|flag| flag == "-D")
+        })
+        .collect();
+    let all = format!("{servers:?}");
+    servers.retain(|process| parent(process.pid) == Some(agent));
+    assert!(servers.len() <= 1, "{namespace}/{pod}: more than one postmaster of agent {agent}: {all}");
+    servers.pop()
+}
+
+/// The parent of `pid` (from /proc/PID/stat).
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The state letter of `pid` (`T` when stopped), from /proc/PID/stat.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().next()?.chars().next()
 }
 
 /// Whether `pid` still runs (a zombie serves nothing: it counts as gone).

@@ -13,6 +13,16 @@ use std::time::{Duration, Instant};
 /// environment for their process titles, so they are found by parent, not by environment).
 fn signal_server(postmaster: &HostProcess, signal: i32) {
     dbservice_operator::instance::postgres::signal_server(postmaster.pid, signal);
+    if signal == libc::SIGSTOP {
+        // The fault is real only if the serving postmaster stopped (a CI run once stopped nothing
+        // that served: its writer committed through the whole "stall").
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while host::state(postmaster.pid) != Some('T') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let state = host::state(postmaster.pid);
+        assert_eq!(state, Some('T'), "the postmaster {postmaster:?} did not stop");
+    }
 }
 
 #[tokio::test]
