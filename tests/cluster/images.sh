@@ -26,15 +26,19 @@ POSTGRES_BIN=/usr/lib/postgresql/15/bin
 # DatabaseService with `version: "15.18"` and the operator's default image postgres:15.18 find it.
 POSTGRES_VERSION="$({ "$POSTGRES_BIN/postgres" --version 2>/dev/null || true; } | sed -n 's/.*(PostgreSQL) \([0-9.]*\).*/\1/p')"
 POSTGRES_IMAGE="docker.io/library/postgres:${POSTGRES_VERSION:-15}"
-# The default major's version, image and archive (DEFAULT_POSTGRES_MAJOR: 15 is Debian's, others a wheel's).
+# The default major's version, image and archive (DEFAULT_POSTGRES_MAJOR: 15 is Debian's, others a wheel's),
+# for real-node.sh and second-node.sh.
+# shellcheck disable=SC2034
 DEFAULT_POSTGRES_VERSION="${POSTGRES_VERSION:-15}"
 DEFAULT_POSTGRES_ARCHIVES="postgres-$DEFAULT_POSTGRES_VERSION-*.tar"
 if [ "$DEFAULT_POSTGRES_MAJOR" != 15 ]; then
   for wheel_version in $POSTGRES_WHEEL_VERSIONS; do
     [ "${wheel_version%%.*}" = "$DEFAULT_POSTGRES_MAJOR" ] && DEFAULT_POSTGRES_VERSION="${wheel_version%.0}"
   done
+  # shellcheck disable=SC2034
   DEFAULT_POSTGRES_ARCHIVES="pgwheel-$DEFAULT_POSTGRES_VERSION-*.tar"
 fi
+# shellcheck disable=SC2034
 DEFAULT_POSTGRES_IMAGE="docker.io/library/postgres:$DEFAULT_POSTGRES_VERSION"
 RUST_VERSION="$(rustc --version 2>/dev/null | awk '{print $2}')"
 BUILDER_BASE="localhost/dbservice-rust-builder:${RUST_VERSION:-1}-bookworm"
