@@ -32,6 +32,7 @@ parallelism="${CREATE_PARALLELISM:-4}"
 quiet_seconds="${QUIET_SECONDS:-60}"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 operator_pid=""
+terminated=""
 
 cleanup() {
   if [ -n "$operator_pid" ]; then kill -TERM "$operator_pid" 2>/dev/null || true; fi
@@ -114,15 +115,15 @@ start_operator() {
 # wait_leader INTERVAL: polls the leader metric every INTERVAL seconds until the operator leads.
 wait_leader() {
   for _ in $(seq 3000); do
-    [ "$(metric_sum dbservice_leader 2>/dev/null || echo 0)" -ge 1 ] && return 0
+    [ "$(metric_sum dbservice_leader 2>/dev/null | tail -n 1)" -ge 1 ] 2>/dev/null && return 0
     kill -0 "$operator_pid" 2>/dev/null || break
     sleep "$1"
   done
   return 1
 }
 
-# terminate LOG: SIGTERM to the operator; prints the seconds to its exit (killed after 60 s) and
-# what the log misses.
+# terminate LOG: SIGTERM to the operator; sets `terminated` to the seconds to its exit (killed after
+# 60 s) and what the log misses. Not in a subshell: only the operator's parent shell can wait for it.
 terminate() {
   local term_sent exited_at watchdog result
   term_sent="$(now)"
@@ -137,7 +138,7 @@ terminate() {
   result="$(elapsed "$term_sent" "$exited_at") s"
   grep -q 'stopped' "$1" || result="$result (killed after 60 s: \"stopped\" never logged)"
   grep -q 'released the leader Lease' "$1" || result="$result; the Lease was not released"
-  echo "$result"
+  terminated="$result"
 }
 
 step "starting the operator (log: $work/operator.log)"
@@ -246,7 +247,8 @@ by_resource() {
 }
 
 step "SIGTERM with $N databases: time to exit"
-exit_after="$(terminate "$work/operator.log")"
+terminate "$work/operator.log"
+exit_after="$terminated"
 
 # Issue 26's hang: a term that ends before the caches finished their first list (SIGTERM as soon
 # as the operator leads, while it lists N databases). BENCH_OLD_BINARY (e.g. a build of a83f7fc,
@@ -257,10 +259,12 @@ startup_exit() { # BINARY LOG
   terminate "$2"
 }
 step "SIGTERM the moment the operator leads, with $N databases"
-startup_exit_after="$(startup_exit "$binary" "$work/operator-startup.log")"
+startup_exit "$binary" "$work/operator-startup.log"
+startup_exit_after="$terminated"
 startup_exit_before="not measured (BENCH_OLD_BINARY unset)"
 if [ -n "${BENCH_OLD_BINARY:-}" ]; then
-  startup_exit_before="$(startup_exit "$BENCH_OLD_BINARY" "$work/operator-startup-old.log")"
+  startup_exit "$BENCH_OLD_BINARY" "$work/operator-startup-old.log"
+  startup_exit_before="$terminated"
 fi
 
 cat <<REPORT | tee "$work/report.txt"
