@@ -20,14 +20,6 @@ use std::time::Duration;
 /// Longest wait for an upgrade (backup, pg_upgrade, the standby's clone) on a busy 2-core machine.
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn version_of(bed: &Bed, major: u32) -> String {
-    bed.node.version_of(major)
-}
-
-fn other_version(node: &crate::environment::RealNode, major: u32) -> String {
-    node.version_of(major)
-}
-
 async fn change_version(databases: &Api<DatabaseService>, version: &str, method: Option<&str>) {
     // The image was defaulted from the version: it follows the new one (the mutating webhook).
     let patch = Patch::Merge(serde_json::json!({"spec": {"version": version, "image": null, "upgradeMethod": method}}));
@@ -73,7 +65,7 @@ async fn a_database_on_15_is_upgraded_in_place_to_17_keeping_every_commit() {
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
     let from = node.version_of(15);
     let Some(bed) = Bed::start_on(fault, 2, Some(&store.endpoint), Some(&from)).await else { return };
-    let target = version_of(&bed, 17);
+    let target = node.version_of(17);
     let primary = bed.primary().await;
     let (since, failed_at) = (bed.last_id(), epoch_now());
     change_version(&bed.databases(), &target, None).await;
@@ -146,7 +138,7 @@ async fn an_upgrade_to_an_image_without_an_extension_in_use_rolls_back_to_15_on_
     let fault = "major upgrade 15 to 17 with an extension 17 lacks";
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
     let Some(bed) = Bed::start_on(fault, 2, None, Some(&node.version_of(15))).await else { return };
-    let target = version_of(&bed, 17);
+    let target = node.version_of(17);
     let primary = bed.primary().await;
     // adminpack ships with 15 and is gone from 17: its library is missing in the new image, and
     // pg_upgrade --check refuses.
@@ -177,7 +169,7 @@ async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to
     let fault = "major upgrade 15 to 17 on a full volume (copy mode)";
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
     let Some(bed) = Bed::start_on_sized_volumes(fault, 2, Some(&node.version_of(15))).await else { return };
-    let target = version_of(&bed, 17);
+    let target = node.version_of(17);
     let primary = bed.primary().await;
     // About 600 MB of rows on the primary's 1 GiB volume: a second copy does not fit. Unlogged,
     // so that the load writes no WAL (which would fill the volume before the upgrade); pg_upgrade
@@ -259,10 +251,10 @@ fn load(bed: &Bed, primary: &str) -> u64 {
 async fn a_database_on_14_is_upgraded_one_major_at_a_time_to_18_keeping_every_commit() {
     let fault = "major upgrades 14 to 15 to 16 to 17 to 18";
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
-    let Some(bed) = Bed::start_on(fault, 2, None, Some(&other_version(node, 14))).await else { return };
+    let Some(bed) = Bed::start_on(fault, 2, None, Some(&node.version_of(14))).await else { return };
     for (index, major) in (15..=18).enumerate() {
         let method = if index % 2 == 0 { "link" } else { "copy" };
-        let target = other_version(node, major);
+        let target = node.version_of(major);
         let step = format!("major upgrade to {target} ({method} mode)");
         let (since, failed_at) = (bed.last_id(), epoch_now());
         change_version(&bed.databases(), &target, Some(method)).await;
@@ -292,7 +284,7 @@ async fn a_database_on_14_is_upgraded_in_place_to_18_in_link_mode() {
     let fault = format!("major upgrade 14 to 18 ({method} mode)");
     let fault = fault.as_str();
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
-    let (from, to) = (other_version(node, 14), other_version(node, 18));
+    let (from, to) = (node.version_of(14), node.version_of(18));
     let Some(bed) = Bed::start_on(fault, 2, None, Some(&from)).await else { return };
     let primary = bed.primary().await;
     let megabytes = load(&bed, &primary);
