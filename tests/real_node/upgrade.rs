@@ -202,6 +202,92 @@ async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to
     );
 }
 
+/// Whether `pod` runs pg_upgrade itself (not its `--check`): the free-space check is behind it.
+fn pg_upgrade_runs(namespace: &str, pod: &str) -> bool {
+    let script = r#"for cmdline in /proc/[0-9]*/cmdline; do
+  line=$(tr '\0' ' ' < "$cmdline" 2>/dev/null) || continue
+  case "$line" in *pg_upgrade\ *--check*) ;; */pg_upgrade\ *) echo running ;; esac
+done; true"#;
+    // The pod is replaced on the way (the new major's image): not there yet is not running.
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "/bin/bash", "-c", script])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&output.stdout).contains("running")
+}
+
+/// Fills the data volume but for LEAVE_MIB MiB, with a file beside the data directory.
+const FILL_VOLUME: &str = r#"set -e
+volume=/var/lib/postgresql/data
+free_kib=$(busybox df -k "$volume" | busybox awk 'NR == 2 {print $4}')
+busybox fallocate -l $(( (free_kib - LEAVE_MIB * 1024) * 1024 )) "$volume/dbservice-e2e-filler"
+busybox df -k "$volume" | busybox awk 'NR == 2 {print $4}'"#;
+
+/// The volume fills while pg_upgrade runs (its free-space check passed, then something, here a
+/// file another process writes, takes the room the copy needed): pg_upgrade fails, its new
+/// cluster is removed, and 15 runs again on the untouched data with every commit.
+#[tokio::test]
+async fn an_upgrade_whose_volume_fills_during_pg_upgrade_rolls_back_to_15_with_its_data() {
+    let fault = "major upgrade 15 to 17, the volume filled during pg_upgrade (copy mode)";
+    let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
+    let Some(bed) = Bed::start_on_sized_volumes(fault, 2, Some(&node.version_of(15))).await else { return };
+    let target = node.version_of(17);
+    let primary = bed.primary().await;
+    // About 250 MB on the 1 GiB volume: a second copy fits, so the free-space check passes.
+    let rows = 2_000_000;
+    crate::environment::psql_in_instance(
+        bed.ns(),
+        &primary,
+        &format!("create unlogged table bulk as select n::bigint, repeat('x', 80) as filler from generate_series(1, {rows}) n"),
+    );
+    let (since, failed_at) = (bed.last_id(), epoch_now());
+    change_version(&bed.databases(), &target, Some("copy")).await;
+    let (ns, pod) = (bed.ns().to_string(), primary.clone());
+    eventually("pg_upgrade running on the primary", UPGRADE_TIMEOUT, || {
+        let (ns, pod) = (ns.clone(), pod.clone());
+        async move { pg_upgrade_runs(&ns, &pod).then_some(()) }
+    })
+    .await;
+    let left = crate::support::kubectl(&[
+        "-n",
+        bed.ns(),
+        "exec",
+        &primary,
+        "-c",
+        "postgres",
+        "--",
+        "/bin/bash",
+        "-c",
+        &FILL_VOLUME.replace("LEAVE_MIB", "8"),
+    ]);
+    eprintln!("[upgrade] volume filled during pg_upgrade: {} KiB left", left.trim());
+    let upgrade = upgrade_ended(&bed.databases(), MajorUpgradePhase::RolledBack).await;
+    let message = upgrade.message.clone().unwrap_or_default();
+    assert!(message.contains("No space left on device"), "pg_upgrade failed for the full volume: {upgrade:?}");
+    // The other process gives its room back; the database must not have needed it to roll back.
+    crate::failover::exec_in(bed.ns(), &primary, "rm /var/lib/postgresql/data/dbservice-e2e-filler");
+    let outcome = rolled_back_to_15(&bed, fault, &primary, failed_at, since).await;
+    let count = crate::environment::psql_in_instance(bed.ns(), &primary, "select count(*) from bulk");
+    assert_eq!(count.trim(), rows.to_string(), "every row of the table pg_upgrade was copying");
+    let leftovers = crate::support::kubectl(&[
+        "-n",
+        bed.ns(),
+        "exec",
+        &primary,
+        "-c",
+        "postgres",
+        "--",
+        "ls",
+        "/var/lib/postgresql/data",
+    ]);
+    assert!(!leftovers.contains("pgdata.next"), "the new cluster was removed: {leftovers}");
+    eprintln!(
+        "[upgrade] volume filled during pg_upgrade, 15 to {target}: rolled back in {:.1} s of outage, acknowledged {} lost {}: {message}",
+        outcome.rto, outcome.acknowledged, outcome.lost
+    );
+}
+
 /// After a rolled-back upgrade: nothing acknowledged was lost, no two primaries, the old primary
 /// runs 15 again (every instance does), the RolledBack condition says UpgradeFailed, and there
 /// was no failover.
