@@ -10,7 +10,7 @@ KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 BACKUP_CRD_FILE := charts/dbservice-operator/files/backup-crd-spec.yaml
 
-.PHONY: help build image test lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
+.PHONY: help build image test test-oldest-kubernetes lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -33,9 +33,13 @@ cluster-status: ## the real node's processes and memory
 image: ## build the operator image from the Dockerfile with buildah and load it into the real node
 	tests/cluster/images.sh operator
 
-test: cluster-up image ## unit, HTTP, replication, kwok end-to-end and real-node tests against the local control plane
+test: cluster-up image ## unit, HTTP, replication, kwok end-to-end and real-node tests; then the kwok suite and the demo on the oldest Kubernetes supported
 	scripts/demo.sh --stop
 	KUBECONFIG=$(KUBECONFIG_LOCAL) DBSERVICE_E2E=1 PATH="$(CLUSTER_DIR)/bin:$$PATH" $(CARGO) test --no-fail-fast --lib --bins --tests -- --test-threads 16
+	tests/cluster/oldest.sh
+
+test-oldest-kubernetes: ## the kwok end-to-end suite and the demo on the oldest Kubernetes supported (own control plane, stopped after)
+	tests/cluster/oldest.sh
 
 demo: cluster-up image ## the chart with the operator image on the real node, a DatabaseService with real PostgreSQL, psql at the end
 	KUBECONFIG=$(KUBECONFIG_LOCAL) PATH="$(CLUSTER_DIR)/bin:$$PATH" scripts/demo.sh

@@ -85,11 +85,13 @@ step "over the network only with TLS, the server verified by the CA of ConfigMap
 kubectl exec -n "$namespace" demo-0 -c postgres -- bash -c \
   "PGPASSWORD=\$(cat /dbservice/credentials/password) psql -X -h demo.$namespace.svc -U app_user -d app -c \
   'select ssl, version, cipher from pg_stat_ssl where pid = pg_backend_pid();'"
+replicated=false
 for _ in $(seq 30); do
   kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -Atc \
-    "select 1 from greetings limit 1" 2>/dev/null | grep -q 1 && break
+    "select 1 from greetings limit 1" 2>/dev/null | grep -q 1 && { replicated=true; break; }
   sleep 1
 done
+$replicated || { echo "the standby never had the primary's row" >&2; exit 1; }
 kubectl exec -n "$namespace" demo-1 -c postgres -- psql -X -h /var/run/postgresql -U app_user -d app -c \
   "select pg_is_in_recovery() as standby, text from greetings;"
 

@@ -31,7 +31,9 @@ fn helm_or_skip() -> Option<PathBuf> {
 fn render(helm: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/dbservice-operator");
     let output = Command::new(helm)
-        .args(["template", "dbservice-operator", chart.to_str().unwrap(), "--namespace", "dbservice-system"])
+        // helm template assumes Kubernetes 1.20 unless told; the chart's kubeVersion needs 1.30 or later.
+        .args(["template", "--kube-version", "v1.37.0", "dbservice-operator", chart.to_str().unwrap()])
+        .args(["--namespace", "dbservice-system"])
         .args(extra)
         .output()
         .expect("helm runs");

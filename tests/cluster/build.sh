@@ -146,11 +146,13 @@ build_prometheus() {
 mkdir -p "$CACHE_ROOT"
 case "${1:-all}" in
   kubernetes) build_kubernetes ;;
+  # The oldest minor supported (tests/cluster/oldest.sh), beside the current one.
+  oldest) KUBERNETES_VERSION="$OLDEST_KUBERNETES_VERSION" build_kubernetes ;;
   etcd) build_etcd ;;
   kwok) build_kwok ;;
   helm) build_helm ;;
   coredns) build_coredns ;;
   prometheus) build_prometheus ;;
   all) build_etcd; build_kwok; build_helm; build_coredns; build_kubernetes; build_prometheus ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|kwok|helm|coredns|prometheus]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|oldest|etcd|kwok|helm|coredns|prometheus]" >&2; exit 2 ;;
 esac

@@ -24,3 +24,8 @@ DEFAULT_POSTGRES_MAJOR="${DEFAULT_POSTGRES_MAJOR:-17}"
 # keeps it (the hash is that of Debian 13's Sources index), for the real node's pooler image.
 PGBOUNCER_VERSION="${PGBOUNCER_VERSION:-1.24.1}"
 PGBOUNCER_SOURCE_SHA256="${PGBOUNCER_SOURCE_SHA256:-da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598fd3e0}"
+# The oldest Kubernetes minor the README states as supported (Chart.yaml's kubeVersion): 1.30 is the
+# first with every API the chart uses on by default (ValidatingAdmissionPolicy GA, the pod name in bound
+# tokens, the preStop sleep action). `make test` runs the kwok suite and the demo on it too
+# (tests/cluster/oldest.sh); its binaries are cached beside the current ones.
+OLDEST_KUBERNETES_VERSION="${OLDEST_KUBERNETES_VERSION:-v1.30.14}"

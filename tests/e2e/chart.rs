@@ -6,7 +6,9 @@ use crate::support::operator::{
     free_port, helm, log_directory, service_account_kubeconfig_for, shared, OperatorOptions, OperatorProcess,
     RELEASE_NAMESPACE, SERVICE_ACCOUNT,
 };
-use crate::support::{client_for, cluster_or_skip, eventually, kubectl, repository, tool, TestNamespace};
+use crate::support::{
+    client_for, cluster_or_skip, eventually, kubectl, repository, tool, TestNamespace, CHART_KUBE_VERSION,
+};
 use dbservice_operator::certificates::bundle_trusts;
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Secret;
@@ -140,6 +142,8 @@ async fn every_certificate_mode_renders_objects_the_apiserver_accepts() {
         let values = chart.join(format!("ci/{mode}-values.yaml"));
         let rendered = helm(&[
             "template",
+            "--kube-version",
+            CHART_KUBE_VERSION,
             "dryrun",
             chart.to_str().unwrap(),
             "--namespace",
@@ -366,6 +370,8 @@ async fn the_chart_crds_apply_without_warnings() {
     let chart = repository().join("charts/dbservice-operator");
     let rendered = helm(&[
         "template",
+        "--kube-version",
+        CHART_KUBE_VERSION,
         "dbservice-operator",
         chart.to_str().unwrap(),
         "--namespace",

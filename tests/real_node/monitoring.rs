@@ -34,6 +34,8 @@ fn render_chart() -> RenderedMonitoring {
     let output = Command::new(tool("helm"))
         .args([
             "template",
+            "--kube-version",
+            crate::support::CHART_KUBE_VERSION,
             "monitoring",
             "charts/dbservice-operator",
             "--show-only",
@@ -67,7 +69,13 @@ fn render_chart() -> RenderedMonitoring {
 /// The chart's PodMonitor of the pooler pods (`spec.pooler`), as a user enabling it gets it.
 pub fn render_pooler_pod_monitor() -> Value {
     let output = Command::new(tool("helm"))
-        .args(["template", "monitoring", "charts/dbservice-operator"])
+        .args([
+            "template",
+            "--kube-version",
+            crate::support::CHART_KUBE_VERSION,
+            "monitoring",
+            "charts/dbservice-operator",
+        ])
         .args(["--show-only", "templates/pooler-monitoring.yaml"])
         .args(["--set", "databaseMonitoring.podMonitor.enabled=true"])
         .current_dir(repository())

@@ -76,6 +76,10 @@ pub fn tool(name: &str) -> PathBuf {
     }
 }
 
+/// The Kubernetes `helm template` renders the chart for (it assumes 1.20 unless told, older than the
+/// chart's kubeVersion): the minor of the crate's API types (k8s-openapi's `v1_37`).
+pub const CHART_KUBE_VERSION: &str = "v1.37.0";
+
 /// Runs kubectl with the admin kubeconfig; panics with its stderr on failure.
 pub fn kubectl(arguments: &[&str]) -> String {
     let output = Command::new(tool("kubectl"))
