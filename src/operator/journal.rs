@@ -76,6 +76,30 @@ impl Journal {
         self.record(warning, event_reason, message, entry);
     }
 
+    /// Like [`Journal::transition`], told once: the event and the ledger entry only when the
+    /// condition's status or reason changes (a pass that finds the same state again keeps the
+    /// condition's message current and tells nobody).
+    pub fn transition_on_change(
+        &mut self,
+        conditions: &mut Vec<Condition>,
+        transition: Transition<'_>,
+        generation: i64,
+        now: DateTime<Utc>,
+    ) {
+        let status = if transition.status { "True" } else { "False" };
+        let unchanged = conditions.iter().any(|existing| {
+            existing.type_ == transition.condition
+                && existing.status == status
+                && existing.reason == transition.condition_reason
+        });
+        if unchanged {
+            let Transition { condition, status, condition_reason, message, .. } = transition;
+            conditions::set(conditions, condition, status, condition_reason, message, Some(generation), now);
+        } else {
+            self.transition(conditions, transition, generation, now);
+        }
+    }
+
     /// Appends everything recorded in `other`.
     pub fn extend(&mut self, other: Journal) {
         self.entries.extend(other.entries);
@@ -160,6 +184,28 @@ mod tests {
         );
         assert_eq!(journal.entries.len(), 1);
         assert_eq!(journal.entries[0].action, "Degraded");
+    }
+
+    #[test]
+    fn a_transition_on_change_is_told_once_and_again_when_its_reason_changes() {
+        let mut journal = Journal::default();
+        let mut conditions = Vec::new();
+        let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        let invalid = |reason, message: &str| Transition {
+            condition: "InvalidSpec",
+            status: true,
+            condition_reason: reason,
+            event_reason: "InvalidSpec",
+            warning: true,
+            message: message.into(),
+            entry: Some(LedgerEntry::at(at, 2, "InvalidSpec", "", "", message)),
+        };
+        journal.transition_on_change(&mut conditions, invalid("ValidationFailed", "first"), 2, at);
+        journal.transition_on_change(&mut conditions, invalid("ValidationFailed", "second"), 3, at);
+        assert_eq!((journal.events.len(), journal.entries.len()), (1, 1), "the same state is told once");
+        assert_eq!((conditions[0].message.as_str(), conditions[0].observed_generation), ("second", Some(3)));
+        journal.transition_on_change(&mut conditions, invalid("ImageNotAllowed", "third"), 3, at);
+        assert_eq!((journal.events.len(), journal.entries.len()), (2, 2), "a new reason is told");
     }
 
     #[test]

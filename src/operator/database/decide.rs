@@ -333,12 +333,16 @@ fn stopped_by_pause_or_invalid_spec(
     let DecideInput { database, settings, now, .. } = *input;
     let generation = database.metadata.generation.unwrap_or(0);
     if database.spec.is_paused() {
-        let message = "spec.paused is true: the operator changes nothing";
-        conditions::set(&mut status.conditions, types::PAUSED, true, "Paused", message, Some(generation), now);
-        if !conditions::is_true(&old_status.conditions, types::PAUSED) {
-            let entry = LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused");
-            journal.record(false, "Paused", "reconciliation paused by spec.paused".into(), Some(entry));
-        }
+        let transition = Transition {
+            condition: types::PAUSED,
+            status: true,
+            condition_reason: "Paused",
+            event_reason: "Paused",
+            warning: false,
+            message: "reconciliation paused by spec.paused: the operator changes nothing".into(),
+            entry: Some(LedgerEntry::at(now, generation, "Paused", "", "", "reconciliation paused")),
+        };
+        journal.transition_on_change(&mut status.conditions, transition, generation, now);
         return true;
     }
     if conditions::is_true(&old_status.conditions, types::PAUSED) {
@@ -362,12 +366,16 @@ fn stopped_by_pause_or_invalid_spec(
     let outcome = validate(database, None, &validation);
     if !outcome.is_allowed() {
         let message = outcome.message();
-        if !conditions::is_true(&old_status.conditions, types::INVALID_SPEC) {
-            let entry = LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone());
-            journal.record(true, "InvalidSpec", message.clone(), Some(entry));
-        }
-        let reason = "ValidationFailed";
-        conditions::set(&mut status.conditions, types::INVALID_SPEC, true, reason, message, Some(generation), now);
+        let transition = Transition {
+            condition: types::INVALID_SPEC,
+            status: true,
+            condition_reason: "ValidationFailed",
+            event_reason: "InvalidSpec",
+            warning: true,
+            entry: Some(LedgerEntry::at(now, generation, "InvalidSpec", "", "", message.clone())),
+            message,
+        };
+        journal.transition_on_change(&mut status.conditions, transition, generation, now);
         status.phase = Some(Phase::Failed);
         status.observed_generation = Some(generation);
         return true;
@@ -553,23 +561,19 @@ pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService,
     let message = format!(
         "Secret {name} exists but was not created by dbservice-operator for this DatabaseService; it is left untouched. Delete or rename it, or rename the DatabaseService"
     );
-    let old = database.status.clone().unwrap_or_default();
-    let reported = old.conditions.iter().any(|condition| condition.reason == CREDENTIALS_CONFLICT_REASON);
-    decision.journal = Journal::default();
-    if !reported {
-        let entry = LedgerEntry::at(now, generation, "Conflict", "", format!("Secret/{name}"), "not the operator's");
-        decision.journal.record(true, "CredentialsConflict", message.clone(), Some(entry));
-    }
-    let mut status = old;
-    conditions::set(
-        &mut status.conditions,
-        types::CREDENTIALS_READY,
-        false,
-        CREDENTIALS_CONFLICT_REASON,
+    let entry = LedgerEntry::at(now, generation, "Conflict", "", format!("Secret/{name}"), "not the operator's");
+    let transition = Transition {
+        condition: types::CREDENTIALS_READY,
+        status: false,
+        condition_reason: CREDENTIALS_CONFLICT_REASON,
+        event_reason: "CredentialsConflict",
+        warning: true,
         message,
-        Some(generation),
-        now,
-    );
+        entry: Some(entry),
+    };
+    let mut status = database.status.clone().unwrap_or_default();
+    decision.journal = Journal::default();
+    decision.journal.transition_on_change(&mut status.conditions, transition, generation, now);
     status.phase = Some(Phase::Failed);
     status.observed_generation = Some(generation);
     decision.status = status;

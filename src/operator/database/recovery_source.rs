@@ -22,7 +22,7 @@ use crate::api::backup::ObjectStore;
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, Phase};
 use crate::api::recovery::RECOVERED_CONDITION;
 use crate::operator::conditions;
-use crate::operator::journal::Journal;
+use crate::operator::journal::{Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
 use crate::store::catalog::{list_backups_bounded, recoverable_window, CatalogBounds, RecoverableWindow};
 use crate::store::client::{Addressing, S3Client, StoreSettings};
@@ -230,19 +230,16 @@ pub fn apply_verdict(
     match verdict {
         StoreVerdict::Deny(errors) => {
             let message = crate::admission::validation::ValidationOutcome { errors, warnings: Vec::new() }.message();
-            if !already {
-                let entry = LedgerEntry::at(now, generation, TARGET_OUTSIDE_ARCHIVE, "", "", message.clone());
-                journal.record(true, TARGET_OUTSIDE_ARCHIVE, message.clone(), Some(entry));
-            }
-            conditions::set(
-                &mut status.conditions,
-                RECOVERED_CONDITION,
-                false,
-                TARGET_OUTSIDE_ARCHIVE,
+            let transition = Transition {
+                condition: RECOVERED_CONDITION,
+                status: false,
+                condition_reason: TARGET_OUTSIDE_ARCHIVE,
+                event_reason: TARGET_OUTSIDE_ARCHIVE,
+                warning: true,
+                entry: Some(LedgerEntry::at(now, generation, TARGET_OUTSIDE_ARCHIVE, "", "", message.clone())),
                 message,
-                Some(generation),
-                now,
-            );
+            };
+            journal.transition_on_change(&mut status.conditions, transition, generation, now);
             status.phase = Some(Phase::Failed);
             status.observed_generation = Some(generation);
             true
