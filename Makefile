@@ -9,8 +9,10 @@ CLUSTER_DIR := $(CURDIR)/.cluster
 KUBECONFIG_LOCAL := $(CLUSTER_DIR)/kubeconfig
 CRD_FILE := charts/dbservice-operator/files/crd-spec.yaml
 BACKUP_CRD_FILE := charts/dbservice-operator/files/backup-crd-spec.yaml
+API_REFERENCE := docs/manual/src/reference/api.md
+BACKUP_API_REFERENCE := docs/manual/src/reference/backup-api.md
 
-.PHONY: help build image test test-oldest-kubernetes lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
+.PHONY: help build image test test-oldest-kubernetes manual lint lint-scripts lint-chart lint-docker cluster-build cluster-up cluster-down cluster-status demo crd bench-scale
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -51,17 +53,24 @@ lint: ## cargo fmt --check and clippy with warnings as errors
 lint-scripts: ## shellcheck the control-plane and CI scripts
 	shellcheck -x tests/cluster/*.sh .ci/run scripts/*.sh charts/check.sh
 
+manual: ## build the manual (docs/manual, mdBook) into target/manual
+	scripts/manual.sh
+
 lint-chart: ## helm lint and render the chart with the default values and every certificate mode
 	charts/check.sh
 
 lint-docker: ## hadolint the Dockerfile
 	hadolint Dockerfile
 
-crd: ## regenerate the chart's CRD spec (files/crd-spec.yaml) from the Rust types (tests/crd_sync.rs checks it)
+crd: ## regenerate the chart's CRD specs and the manual's API reference from the Rust types (tests/crd_sync.rs checks them)
 	$(CARGO) run -q -- crd --spec-only > $(CRD_FILE).tmp
 	mv $(CRD_FILE).tmp $(CRD_FILE)
 	$(CARGO) run -q -- crd --spec-only --kind backup > $(BACKUP_CRD_FILE).tmp
 	mv $(BACKUP_CRD_FILE).tmp $(BACKUP_CRD_FILE)
+	$(CARGO) run -q -- crd --reference > $(API_REFERENCE).tmp
+	mv $(API_REFERENCE).tmp $(API_REFERENCE)
+	$(CARGO) run -q -- crd --reference --kind backup > $(BACKUP_API_REFERENCE).tmp
+	mv $(BACKUP_API_REFERENCE).tmp $(BACKUP_API_REFERENCE)
 
 bench-scale: cluster-build ## N DatabaseServices (N=1000) on a separate local control plane (.cluster-bench): time to Running, RSS, CPU, requests
 	N=$${N:-1000} scripts/bench-scale.sh

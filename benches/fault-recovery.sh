@@ -43,7 +43,7 @@ python3 - "$log" "$runs" "${subset:-all}" <<'EOF'
 import sys
 from collections import defaultdict
 
-# (scenario as the tests name it, target in seconds, measure): issue 38 / README "Faults". A
+# (scenario as the tests name it, target in seconds, measure): issue 38 / the manual's Faults page (docs/manual/src/figures/faults.md). A
 # failover counts from the fault to the first commit after it ("rto"); a switchover counts the
 # writes refused ("refused": writes go on while its target catches up).
 TARGETS = [

@@ -202,6 +202,9 @@ pub struct CrdArgs {
     /// Print only the CRD's .spec (what the Helm chart embeds).
     #[arg(long, env = "DBSERVICE_CRD_SPEC_ONLY", default_value_t = false)]
     pub spec_only: bool,
+    /// Print the manual's API reference (Markdown) rendered from the CRD instead.
+    #[arg(long, default_value_t = false, conflicts_with = "spec_only")]
+    pub reference: bool,
     /// Which CRD: the DatabaseService's or the DatabaseServiceBackup's.
     #[arg(long, env = "DBSERVICE_CRD_KIND", value_enum, default_value = "database-service")]
     pub kind: CrdKind,

@@ -97,6 +97,14 @@ fn default_run_args() -> RunArgs {
 fn print_crd(args: &CrdArgs) {
     use dbservice_operator::api::database_service_backup as backup_api;
     use dbservice_operator::cli::CrdKind;
+    if args.reference {
+        let definition = match args.kind {
+            CrdKind::DatabaseService => crd::custom_resource_definition(),
+            CrdKind::Backup => backup_api::custom_resource_definition(),
+        };
+        print!("{}", dbservice_operator::api::reference::markdown(&definition));
+        return;
+    }
     print!(
         "{}",
         match (args.kind, args.spec_only) {

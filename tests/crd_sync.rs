@@ -263,3 +263,20 @@ fn backup_crd_names_status_columns_and_rules() {
         assert_eq!(schema["status"]["properties"][field]["type"], "integer", "status.{field}");
     }
 }
+
+/// The manual's API reference pages are rendered from the same CRDs (written once, in the types).
+#[test]
+fn the_manuals_api_reference_is_generated_from_the_rust_types() {
+    use dbservice_operator::api::{database_service_backup, reference};
+    for (page, definition) in [
+        ("docs/manual/src/reference/api.md", custom_resource_definition()),
+        ("docs/manual/src/reference/backup-api.md", database_service_backup::custom_resource_definition()),
+    ] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(page);
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            written == reference::markdown(&definition),
+            "{page} is out of date with the Rust types; regenerate it with `make crd`"
+        );
+    }
+}

@@ -40,8 +40,8 @@ pub struct AdmissionState {
     /// This is the webhook's only call out, and it is a question, not a read: the review's
     /// `userInfo` is believed because only the apiserver's reviews have any effect (it stores the
     /// object only on its own, authenticated request); a forged review gets an answer nobody acts
-    /// on. Nothing else admission does reads a Secret or contacts a store (see the README's
-    /// security section): admission has no side effects but its answer.
+    /// on. Nothing else admission does reads a Secret or contacts a store (see the manual's
+    /// security page, docs/manual/src/security.md): admission has no side effects but its answer.
     pub secret_access: Option<Arc<dyn secret_access::SecretAccessReviewer>>,
 }
 

@@ -19,6 +19,7 @@ pub mod pod;
 pub mod pooler;
 pub mod postgresql;
 pub mod recovery;
+pub mod reference;
 pub mod roles;
 pub mod synchronous;
 pub mod version;

@@ -170,7 +170,7 @@ pub struct PoolerSpec {
     /// A read-only pool to the standbys, Service NAME-pooler-ro (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
-    /// Other PgBouncer parameters (see the README for the ones allowed).
+    /// Other PgBouncer parameters (see the manual's pooling page for the ones allowed).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
     /// PgBouncer's image (default: the operator's `--pooler-image`). It must have `pgbouncer`

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
-# The oldest Kubernetes the README states (OLDEST_KUBERNETES_VERSION in versions.sh), for `make test`:
+# The oldest Kubernetes the manual states (OLDEST_KUBERNETES_VERSION in versions.sh), for `make test`:
 # the local control plane and the real node are started again on that minor (its apiserver,
 # controller-manager, scheduler, kubelet and kube-proxy, built once from the Go module proxy and
 # cached like today's), the operator image is loaded, the kwok end-to-end suite runs against it and

@@ -29,3 +29,5 @@ PGBOUNCER_SOURCE_SHA256="${PGBOUNCER_SOURCE_SHA256:-da72a3aba13072876d055a3e58dd
 # tokens, the preStop sleep action). `make test` runs the kwok suite and the demo on it too
 # (tests/cluster/oldest.sh); its binaries are cached beside the current ones.
 OLDEST_KUBERNETES_VERSION="${OLDEST_KUBERNETES_VERSION:-v1.30.14}"
+# mdBook of the manual (scripts/manual.sh, `make manual`), from crates.io.
+MDBOOK_VERSION="${MDBOOK_VERSION:-v0.5.4}"
