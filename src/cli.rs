@@ -51,6 +51,22 @@ pub enum Command {
     BackupPrune(crate::store::config::PruneBackupsArgs),
     /// List a DatabaseService's base backups and recoverable window (reads its spec.backup store).
     Backups(LedgerArgs),
+    /// Ask for a planned switchover to an instance (`kubectl dbservice switchover NAME 1`): writes
+    /// the `dbservice.dev/switchover-to` annotation.
+    #[command(alias = "promote")]
+    Switchover(InstanceVerbArgs),
+    /// Keep an instance's PostgreSQL stopped (the `dbservice.dev/fenced-instances` annotation).
+    Fence(InstanceVerbArgs),
+    /// Let a fenced instance run again.
+    Unfence(InstanceVerbArgs),
+    /// Take a base backup now: creates a DatabaseServiceBackup (with --wait, follows it).
+    #[command(name = "backup-now")]
+    BackupNow(BackupNowArgs),
+    /// A support bundle of a DatabaseService: its object, Events, ledger, child objects, Secrets'
+    /// names and keys (values redacted), the instances' and the operator's logs.
+    Report(ReportArgs),
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
+    Completion(CompletionArgs),
     /// Copy this binary into DIRECTORY (an init container brings it into PostgreSQL pods this
     /// way: the operator image has no shell to copy with).
     InstallBinary(InstallBinaryArgs),
@@ -241,6 +257,60 @@ pub struct LedgerArgs {
     /// Namespace of the DatabaseService.
     #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
     pub namespace: String,
+}
+
+/// Arguments of the verbs that name one instance of a DatabaseService.
+#[derive(Debug, Args, Clone)]
+pub struct InstanceVerbArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// The instance: its pod's name (`NAME-1`) or its ordinal (`1`).
+    pub instance: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+}
+
+/// Arguments of `backup-now`.
+#[derive(Debug, Args, Clone)]
+pub struct BackupNowArgs {
+    /// DatabaseService name (it needs `spec.backup`).
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// The DatabaseServiceBackup's name (default: NAME-YYYYMMDDHHMMSS).
+    #[arg(long)]
+    pub backup_name: Option<String>,
+    /// Copy the primary instead of a standby.
+    #[arg(long, default_value_t = false)]
+    pub from_primary: bool,
+    /// Follow the backup to its end, printing each phase; fail if it fails.
+    #[arg(long, default_value_t = false)]
+    pub wait: bool,
+    /// How long --wait follows it.
+    #[arg(long, default_value_t = 3600)]
+    pub wait_seconds: u64,
+}
+
+/// Arguments of `report`.
+#[derive(Debug, Args, Clone)]
+pub struct ReportArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Write the bundle to this file instead of standard output.
+    #[arg(short, long)]
+    pub output: Option<std::path::PathBuf>,
+}
+
+/// Arguments of `completion`.
+#[derive(Debug, Args, Clone)]
+pub struct CompletionArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
 }
 
 impl Cli {

@@ -25,6 +25,7 @@ pub mod lsn;
 pub mod metrics;
 pub mod operator;
 pub mod passfile;
+pub mod plugin;
 pub mod pooler;
 pub mod postgres_tls;
 pub mod quantity;

@@ -73,6 +73,15 @@ async fn main() {
             dbservice_operator::store::commands::prune_command(args).await.map_err(Into::into)
         }
         Some(Command::Backups(args)) => run::backups(args).await,
+        Some(Command::Switchover(args)) => run::switchover(args).await,
+        Some(Command::Fence(args)) => run::fence(args, true).await,
+        Some(Command::Unfence(args)) => run::fence(args, false).await,
+        Some(Command::BackupNow(args)) => run::backup_now(args).await,
+        Some(Command::Report(args)) => run::report(args).await,
+        Some(Command::Completion(args)) => {
+            run::completion(args);
+            Ok(())
+        }
         Some(Command::Status(args)) => run::status(args).await,
         Some(Command::Ledger(args)) => {
             telemetry::init(LogFormat::Text);

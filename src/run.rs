@@ -211,6 +211,63 @@ pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
     Ok(crate::store::inventory::print_backups(client, &args.namespace, &args.name).await?)
 }
 
+/// A client for the plugin verbs, from the kubeconfig or the pod's account.
+async fn plugin_client() -> anyhow::Result<kube::Client> {
+    install_crypto_provider();
+    Ok(crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?)
+}
+
+/// `switchover NAME INSTANCE` (alias `promote`).
+pub async fn switchover(args: crate::cli::InstanceVerbArgs) -> anyhow::Result<()> {
+    let done = crate::plugin::switchover(plugin_client().await?, &args.namespace, &args.name, &args.instance).await?;
+    println!("{done}");
+    Ok(())
+}
+
+/// `fence NAME INSTANCE` / `unfence NAME INSTANCE`.
+pub async fn fence(args: crate::cli::InstanceVerbArgs, fenced: bool) -> anyhow::Result<()> {
+    println!(
+        "{}",
+        crate::plugin::fence(plugin_client().await?, &args.namespace, &args.name, &args.instance, fenced).await?
+    );
+    Ok(())
+}
+
+/// `backup-now NAME [--wait]`.
+pub async fn backup_now(args: crate::cli::BackupNowArgs) -> anyhow::Result<()> {
+    use crate::api::database_service_backup::BackupTarget;
+    let target = args.from_primary.then_some(BackupTarget::Primary);
+    let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
+    let client = plugin_client().await?;
+    let done =
+        crate::plugin::backup(client, &args.namespace, &args.name, args.backup_name.as_deref(), target, wait).await?;
+    println!("{done}");
+    Ok(())
+}
+
+/// `report NAME [-o FILE]`.
+pub async fn report(args: crate::cli::ReportArgs) -> anyhow::Result<()> {
+    let bundle = crate::plugin::report::report(plugin_client().await?, &args.namespace, &args.name).await?;
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &bundle).with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!("wrote {} ({} bytes; Secrets' values redacted)", path.display(), bundle.len());
+        }
+        None => print!("{bundle}"),
+    }
+    Ok(())
+}
+
+/// `completion SHELL`: the script completes the verbs for `dbservice-operator` and for
+/// `kubectl-dbservice` (kubectl's own completion of plugins calls the latter).
+pub fn completion(args: crate::cli::CompletionArgs) {
+    use clap::CommandFactory;
+    let mut command = crate::cli::Cli::command();
+    for name in ["dbservice-operator", "kubectl-dbservice"] {
+        clap_complete::generate(args.shell, &mut command, name, &mut std::io::stdout());
+    }
+}
+
 /// `dbservice-operator status NAME -n NAMESPACE`.
 pub async fn status(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::operator::status_view::{read, render};

@@ -15,7 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["store"],
     &["admission"],
     &["operator"],
-    &["instance", "pooler"],
+    &["instance", "pooler", "plugin"],
     &["cli", "telemetry", "run"],
 ];
 

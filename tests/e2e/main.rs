@@ -15,6 +15,7 @@ mod network_policy;
 mod object_store;
 mod pipeline;
 mod placement;
+mod plugin;
 #[path = "../support/ports.rs"]
 mod ports;
 mod quiet;

@@ -1,0 +1,149 @@
+//! The `kubectl dbservice` verbs that act (run by people, as the plugin binary `kubectl-dbservice`
+//! or as `dbservice-operator VERB`): each writes through the API what the documented annotation
+//! or object does, so the operator carries it out and records it in the ledger as for any writer.
+
+pub mod actions;
+pub mod report;
+
+use crate::api::database_service::DatabaseService;
+use crate::api::database_service_backup::{BackupPhase, BackupTarget, DatabaseServiceBackup};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use std::time::Duration;
+
+/// A verb failed: what was missing or refused, in words.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// No DatabaseService of that name.
+    #[error("no DatabaseService {name:?} in namespace {namespace:?}")]
+    NotFound { name: String, namespace: String },
+    /// The apiserver refused (not allowed, invalid) or could not be reached.
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube::Error },
+    /// The verb does not apply to this database.
+    #[error(transparent)]
+    Verb(#[from] actions::VerbError),
+    /// `backup --wait` saw the backup fail.
+    #[error("backup {name} failed: {message}")]
+    BackupFailed { name: String, message: String },
+    /// `backup --wait` gave up.
+    #[error("backup {name} not done after {seconds} s (phase {phase}); it goes on: kubectl get dbsbackup {name}")]
+    BackupTimedOut { name: String, seconds: u64, phase: String },
+    /// `report` failed.
+    #[error(transparent)]
+    Report(#[from] report::ReportError),
+}
+
+fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> PluginError {
+    let what = what.into();
+    move |source| match &source {
+        kube::Error::Api(status) if status.code == 403 => {
+            PluginError::Api { what: format!("{what}: not allowed"), source }
+        }
+        _ => PluginError::Api { what, source },
+    }
+}
+
+async fn database(client: &Client, namespace: &str, name: &str) -> Result<DatabaseService, PluginError> {
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), namespace);
+    databases
+        .get_opt(name)
+        .await
+        .map_err(api_error(format!("cannot read DatabaseService {namespace}/{name}")))?
+        .ok_or_else(|| PluginError::NotFound { name: name.into(), namespace: namespace.into() })
+}
+
+async fn patch(client: &Client, database: &DatabaseService, patch: serde_json::Value) -> Result<(), PluginError> {
+    let namespace = database.metadata.namespace.clone().unwrap_or_default();
+    let name = database.metadata.name.clone().unwrap_or_default();
+    let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &namespace);
+    databases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_error(format!("cannot annotate DatabaseService {namespace}/{name}")))?;
+    Ok(())
+}
+
+/// `switchover NAME INSTANCE` (also `promote`): asks for a planned switchover to `instance`.
+pub async fn switchover(client: Client, namespace: &str, name: &str, instance: &str) -> Result<String, PluginError> {
+    let database = database(&client, namespace, name).await?;
+    let body = actions::switchover_patch(&database, instance)?;
+    patch(&client, &database, body.clone()).await?;
+    let target =
+        body["metadata"]["annotations"][crate::api::failover::SWITCHOVER_ANNOTATION].as_str().unwrap_or(instance);
+    Ok(format!("switchover of {namespace}/{name} to {target} requested; follow it with: kubectl dbservice status {name} -n {namespace}"))
+}
+
+/// `fence NAME INSTANCE` / `unfence NAME INSTANCE`: keeps an instance's PostgreSQL stopped, or
+/// lets it run again.
+pub async fn fence(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    instance: &str,
+    fenced: bool,
+) -> Result<String, PluginError> {
+    let database = database(&client, namespace, name).await?;
+    patch(&client, &database, actions::fence_patch(&database, instance, fenced)?).await?;
+    let pod = actions::instance_of(&database, instance)?;
+    Ok(format!("{pod} {}", if fenced { "fenced: its PostgreSQL is kept stopped" } else { "unfenced" }))
+}
+
+/// `backup NAME`: creates a DatabaseServiceBackup; with `wait`, follows it to its end.
+pub async fn backup(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    backup_name: Option<&str>,
+    target: Option<BackupTarget>,
+    wait: Option<Duration>,
+) -> Result<String, PluginError> {
+    let database = database(&client, namespace, name).await?;
+    let object = actions::backup_object(&database, backup_name, target, chrono::Utc::now())?;
+    let backups: Api<DatabaseServiceBackup> = Api::namespaced(client, namespace);
+    let created = backups
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(api_error(format!("cannot create DatabaseServiceBackup in {namespace}")))?;
+    let backup_name = created.metadata.name.clone().unwrap_or_default();
+    let Some(timeout) = wait else {
+        return Ok(format!("DatabaseServiceBackup {namespace}/{backup_name} created; follow it with: kubectl get dbsbackup {backup_name} -n {namespace} -w"));
+    };
+    wait_for_backup(&backups, &backup_name, timeout).await
+}
+
+/// Polls the backup every second, printing a line when its phase changes, until it ends.
+async fn wait_for_backup(
+    backups: &Api<DatabaseServiceBackup>,
+    name: &str,
+    timeout: Duration,
+) -> Result<String, PluginError> {
+    let started = std::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        let status = backups.get(name).await.map_err(api_error(format!("cannot read backup {name}")))?.status;
+        let phase = status
+            .as_ref()
+            .and_then(|status| status.phase)
+            .map(|phase| format!("{phase:?}"))
+            .unwrap_or("Pending".into());
+        if phase != last {
+            eprintln!("{:>5.1} s  backup {name}: {phase}", started.elapsed().as_secs_f64());
+            last = phase.clone();
+        }
+        match status.as_ref().and_then(|status| status.phase) {
+            Some(BackupPhase::Completed) => {
+                let id = status.and_then(|status| status.backup_id).unwrap_or_default();
+                return Ok(format!("backup {name} completed in {:.1} s: {id}", started.elapsed().as_secs_f64()));
+            }
+            Some(BackupPhase::Failed) => {
+                let message = status.and_then(|status| status.message).unwrap_or_default();
+                return Err(PluginError::BackupFailed { name: name.into(), message });
+            }
+            _ if started.elapsed() >= timeout => {
+                return Err(PluginError::BackupTimedOut { name: name.into(), seconds: timeout.as_secs(), phase });
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
