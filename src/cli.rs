@@ -65,6 +65,11 @@ pub enum Command {
     /// A support bundle of a DatabaseService: its object, Events, ledger, child objects, Secrets'
     /// names and keys (values redacted), the instances' and the operator's logs.
     Report(ReportArgs),
+    /// psql into the primary (or `--standby`, or `--instance N`) through `kubectl exec`, as the
+    /// application's user or, with `--superuser`, as postgres; arguments after `--` go to psql.
+    Psql(PsqlArgs),
+    /// Every instance's log (PostgreSQL's and the agent's), each line prefixed with its pod.
+    Logs(LogsArgs),
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
     Completion(CompletionArgs),
     /// Copy this binary into DIRECTORY (an init container brings it into PostgreSQL pods this
@@ -304,6 +309,44 @@ pub struct ReportArgs {
     /// Write the bundle to this file instead of standard output.
     #[arg(short, long)]
     pub output: Option<std::path::PathBuf>,
+}
+
+/// Arguments of `psql`.
+#[derive(Debug, Args, Clone)]
+pub struct PsqlArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// A ready standby instead of the primary.
+    #[arg(long, default_value_t = false, conflicts_with = "instance")]
+    pub standby: bool,
+    /// This instance (pod name or ordinal) instead of the primary.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// As the superuser postgres (over the pod's local socket; needs `pods/exec`).
+    #[arg(long, default_value_t = false)]
+    pub superuser: bool,
+    /// Arguments for psql (after `--`), e.g. `-- -c 'select 1'`.
+    #[arg(last = true)]
+    pub psql: Vec<String>,
+}
+
+/// Arguments of `logs`.
+#[derive(Debug, Args, Clone)]
+pub struct LogsArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Keep following the logs.
+    #[arg(short, long, default_value_t = false)]
+    pub follow: bool,
+    /// Lines of each instance's log to start with (all when absent).
+    #[arg(long)]
+    pub tail: Option<i64>,
 }
 
 /// Arguments of `completion`.

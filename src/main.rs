@@ -78,6 +78,8 @@ async fn main() {
         Some(Command::Unfence(args)) => run::fence(args, false).await,
         Some(Command::BackupNow(args)) => run::backup_now(args).await,
         Some(Command::Report(args)) => run::report(args).await,
+        Some(Command::Psql(args)) => run::psql(args).await,
+        Some(Command::Logs(args)) => run::logs(args).await,
         Some(Command::Completion(args)) => {
             run::completion(args);
             Ok(())

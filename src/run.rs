@@ -258,6 +258,41 @@ pub async fn report(args: crate::cli::ReportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs kubectl (`DBSERVICE_KUBECTL`, or `kubectl` on PATH, where a kubectl plugin always finds
+/// it) with `arguments` on this terminal, and exits with its status.
+fn hand_over_to_kubectl(arguments: &[String]) -> anyhow::Result<()> {
+    let kubectl = std::env::var("DBSERVICE_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let status = std::process::Command::new(&kubectl)
+        .args(arguments)
+        .status()
+        .with_context(|| format!("cannot run {kubectl} (it must be on PATH)"))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// `psql NAME [--standby | --instance N] [--superuser] [-- PSQL ARGUMENTS]`.
+pub async fn psql(args: crate::cli::PsqlArgs) -> anyhow::Result<()> {
+    use crate::plugin::shell::PsqlInstance;
+    use std::io::IsTerminal;
+    let which = match (&args.instance, args.standby) {
+        (Some(instance), _) => PsqlInstance::Named(instance.clone()),
+        (None, true) => PsqlInstance::Standby,
+        (None, false) => PsqlInstance::Primary,
+    };
+    let interactive = std::io::stdin().is_terminal();
+    let client = plugin_client().await?;
+    let arguments =
+        crate::plugin::psql(client, &args.namespace, &args.name, &which, args.superuser, interactive, &args.psql)
+            .await?;
+    hand_over_to_kubectl(&arguments)
+}
+
+/// `logs NAME [-f] [--tail N]`.
+pub async fn logs(args: crate::cli::LogsArgs) -> anyhow::Result<()> {
+    let arguments =
+        crate::plugin::logs(plugin_client().await?, &args.namespace, &args.name, args.follow, args.tail).await?;
+    hand_over_to_kubectl(&arguments)
+}
+
 /// `completion SHELL`: the script completes the verbs for `dbservice-operator` and for
 /// `kubectl-dbservice` (kubectl's own completion of plugins calls the latter).
 pub fn completion(args: crate::cli::CompletionArgs) {

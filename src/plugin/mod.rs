@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod report;
+pub mod shell;
 
 use crate::api::database_service::DatabaseService;
 use crate::api::database_service_backup::{BackupPhase, BackupTarget, DatabaseServiceBackup};
@@ -29,6 +30,9 @@ pub enum PluginError {
     /// `backup --wait` gave up.
     #[error("backup {name} not done after {seconds} s (phase {phase}); it goes on: kubectl get dbsbackup {name}")]
     BackupTimedOut { name: String, seconds: u64, phase: String },
+    /// `psql` has no instance to open.
+    #[error(transparent)]
+    Psql(#[from] shell::PsqlError),
     /// `report` failed.
     #[error(transparent)]
     Report(#[from] report::ReportError),
@@ -146,4 +150,30 @@ async fn wait_for_backup(
             _ => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
+}
+
+/// kubectl's arguments for `psql NAME` (see [`shell::psql_arguments`]).
+pub async fn psql(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    which: &shell::PsqlInstance,
+    superuser: bool,
+    interactive: bool,
+    extra: &[String],
+) -> Result<Vec<String>, PluginError> {
+    let database = database(&client, namespace, name).await?;
+    let pod = shell::psql_pod(&database, which)?;
+    Ok(shell::psql_arguments(&database, &pod, superuser, interactive, extra))
+}
+
+/// kubectl's arguments for `logs NAME` (see [`shell::logs_arguments`]).
+pub async fn logs(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    follow: bool,
+    tail: Option<i64>,
+) -> Result<Vec<String>, PluginError> {
+    Ok(shell::logs_arguments(&database(&client, namespace, name).await?, follow, tail))
 }

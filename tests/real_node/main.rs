@@ -23,6 +23,7 @@ mod node;
 mod object_store;
 mod operator;
 mod owned_settings;
+mod plugin;
 mod pooler;
 #[path = "../support/ports.rs"]
 mod ports;
