@@ -15,6 +15,9 @@ use std::fmt::Write;
 pub const REDACTED: &str = "<redacted>";
 /// Lines of each container's log in the bundle.
 const LOG_LINES: i64 = 400;
+/// Keys whose values are names and public material, not secrets: not searched for in the bundle
+/// (a username `postgres` would blank every mention of the server). Shown redacted all the same.
+const NOT_SECRET_KEYS: [&str; 8] = ["username", "user", "database", "dbname", "host", "port", "ca.crt", "tls.crt"];
 /// Values shorter than this are not searched for (a `1` or `true` would blank the bundle); they
 /// still never appear as Secret values, which are all written as [`REDACTED`].
 const SHORTEST_REDACTED: usize = 6;
@@ -43,9 +46,11 @@ pub fn redact(text: &str, secrets: &BTreeSet<String>) -> String {
 fn shown_secret(secret: &Secret, values: &mut BTreeSet<String>) -> String {
     let mut shown = format!("Secret {} (type {})\n", secret.name_any(), secret.type_.as_deref().unwrap_or("-"));
     for (key, value) in secret.data.iter().flatten() {
-        let text = String::from_utf8_lossy(&value.0).to_string();
-        values.extend(text.lines().map(|line| line.trim().to_string()));
-        values.insert(text);
+        if !NOT_SECRET_KEYS.contains(&key.as_str()) {
+            let text = String::from_utf8_lossy(&value.0).to_string();
+            values.extend(text.lines().map(|line| line.trim().to_string()));
+            values.insert(text);
+        }
         let _ = writeln!(shown, "  {key}: {REDACTED} ({} bytes)", value.0.len());
     }
     shown
@@ -251,6 +256,7 @@ mod tests {
                         ByteString(b"-----BEGIN KEY-----\nAAAABBBBCCCC\n-----END KEY-----\n".to_vec()),
                     ),
                     ("port".to_string(), ByteString(b"5432".to_vec())),
+                    ("username".to_string(), ByteString(b"postgres".to_vec())),
                 ]
                 .into(),
             ),
@@ -263,5 +269,7 @@ mod tests {
         let redacted = redact(log, &values);
         assert!(!redacted.contains("s3cret") && !redacted.contains("AAAABBBBCCCC"), "{redacted}");
         assert!(redacted.contains("port 5432"), "short values are not searched for: {redacted}");
+        assert!(redact("[pg-0/postgres] started", &values).contains("postgres"), "a username is a name, not a secret");
+        assert!(shown.contains("username: <redacted>"), "but the Secret's section shows no value at all");
     }
 }
