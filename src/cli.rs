@@ -32,7 +32,7 @@ pub enum Command {
     /// One screen on a DatabaseService: instances, primary, lag, timeline, archiving, backups,
     /// certificates, roles and the recent ledger (`kubectl dbservice status NAME` when installed
     /// as `kubectl-dbservice`).
-    Status(LedgerArgs),
+    Status(StatusArgs),
     /// Pooler agent commands, run inside a pooler (PgBouncer) pod.
     Pooler(crate::pooler::PoolerArgs),
     /// Instance agent commands, run inside a PostgreSQL pod.
@@ -309,6 +309,22 @@ pub struct ReportArgs {
     /// Write the bundle to this file instead of standard output.
     #[arg(short, long)]
     pub output: Option<std::path::PathBuf>,
+}
+
+/// Arguments of `status`.
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Print the view as data (json or yaml) instead of the screen for people.
+    #[arg(short, long, value_enum)]
+    pub output: Option<crate::plugin::output::OutputFormat>,
+    /// Redraw the screen every 2 seconds until interrupted.
+    #[arg(short, long, default_value_t = false, conflicts_with = "output")]
+    pub watch: bool,
 }
 
 /// Arguments of `psql`.

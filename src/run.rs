@@ -304,12 +304,23 @@ pub fn completion(args: crate::cli::CompletionArgs) {
 }
 
 /// `dbservice-operator status NAME -n NAMESPACE`.
-pub async fn status(args: LedgerArgs) -> anyhow::Result<()> {
+pub async fn status(args: crate::cli::StatusArgs) -> anyhow::Result<()> {
     use crate::operator::status_view::{read, render};
     install_crypto_provider();
     let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
-    print!("{}", render(&read(client, &args.namespace, &args.name).await?));
-    Ok(())
+    loop {
+        let view = read(client.clone(), &args.namespace, &args.name).await?;
+        match args.output {
+            Some(format) => print!("{}", crate::plugin::output::render(&view, format)),
+            // Clear the screen and home the cursor before each redraw.
+            None if args.watch => print!("\x1b[2J\x1b[H{}", render(&view)),
+            None => print!("{}", render(&view)),
+        }
+        if !args.watch {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
 }
 
 /// `dbservice-operator ledger NAME -n NAMESPACE`.

@@ -3,6 +3,7 @@
 //! or object does, so the operator carries it out and records it in the ledger as for any writer.
 
 pub mod actions;
+pub mod output;
 pub mod report;
 pub mod shell;
 

@@ -53,6 +53,13 @@ async fn the_verbs_write_their_annotations_and_objects_and_refuse_what_does_not_
     let pause = Patch::Merge(serde_json::json!({"spec": {"paused": true}}));
     databases.patch("orders", &PatchParams::default(), &pause).await.unwrap();
 
+    let data = succeeded(&verb(&kubeconfig, &["status", "orders", "-n", ns, "-o", "json"]));
+    let document: serde_json::Value = serde_json::from_str(&data).expect("status -o json is JSON");
+    assert_eq!((document["name"].as_str(), document["spec"]["paused"].as_bool()), (Some("orders"), Some(true)));
+    assert_eq!(document["status"]["currentPrimary"], "orders-0", "{document}");
+    let yaml = succeeded(&verb(&kubeconfig, &["status", "orders", "-n", ns, "-o", "yaml"]));
+    assert!(yaml.contains("currentPrimary: orders-0"), "{yaml}");
+
     let printed = succeeded(&verb(&kubeconfig, &["switchover", "orders", "1", "-n", ns]));
     assert!(printed.contains("switchover of") && printed.contains("orders-1"), "{printed}");
     let stored = databases.get("orders").await.unwrap();
