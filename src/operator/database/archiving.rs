@@ -13,7 +13,7 @@ use crate::api::backup::BackupSpec;
 use crate::api::database_service::DatabaseServiceStatus;
 use crate::api::failover::ArchivingReport;
 use crate::operator::conditions::{self, types};
-use crate::operator::journal::{rfc3339, Journal};
+use crate::operator::journal::{rfc3339, Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
@@ -110,20 +110,17 @@ pub fn decide_archiving(
         rfc3339(since),
         threshold.as_secs()
     );
-    conditions::set(
-        &mut status.conditions,
-        kind,
-        false,
-        FAILING_TOO_LONG_REASON,
-        message.clone(),
-        observed_generation,
-        now,
-    );
-    if previous_reason != FAILING_TOO_LONG_REASON {
-        let outcome = format!("failing since {}", rfc3339(since));
-        let entry = LedgerEntry::at(now, generation, FAILING_EVENT, segment, "", outcome);
-        journal.record(true, FAILING_EVENT, message, Some(entry));
-    }
+    let outcome = format!("failing since {}", rfc3339(since));
+    let transition = Transition {
+        condition: kind,
+        status: false,
+        condition_reason: FAILING_TOO_LONG_REASON,
+        event_reason: FAILING_EVENT,
+        warning: true,
+        message,
+        entry: Some(LedgerEntry::at(now, generation, FAILING_EVENT, segment, "", outcome)),
+    };
+    journal.transition_on_change(&mut status.conditions, transition, generation, now);
     ArchivingOutcome { health, warn_in: None }
 }
 
