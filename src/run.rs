@@ -206,20 +206,20 @@ pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
 
 /// `dbservice-operator backups NAME -n NAMESPACE`.
 pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
-    install_crypto_provider();
-    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
+    let client = people_client().await?;
     Ok(crate::store::inventory::print_backups(client, &args.namespace, &args.name).await?)
 }
 
-/// A client for the plugin verbs, from the kubeconfig or the pod's account.
-async fn plugin_client() -> anyhow::Result<kube::Client> {
+/// A client for the commands people run (status, ledger, backups and the plugin's verbs), from
+/// the kubeconfig or the pod's account.
+async fn people_client() -> anyhow::Result<kube::Client> {
     install_crypto_provider();
     Ok(crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?)
 }
 
 /// `switchover NAME INSTANCE` (alias `promote`).
 pub async fn switchover(args: crate::cli::InstanceVerbArgs) -> anyhow::Result<()> {
-    let done = crate::plugin::switchover(plugin_client().await?, &args.namespace, &args.name, &args.instance).await?;
+    let done = crate::plugin::switchover(people_client().await?, &args.namespace, &args.name, &args.instance).await?;
     println!("{done}");
     Ok(())
 }
@@ -228,7 +228,7 @@ pub async fn switchover(args: crate::cli::InstanceVerbArgs) -> anyhow::Result<()
 pub async fn fence(args: crate::cli::InstanceVerbArgs, fenced: bool) -> anyhow::Result<()> {
     println!(
         "{}",
-        crate::plugin::fence(plugin_client().await?, &args.namespace, &args.name, &args.instance, fenced).await?
+        crate::plugin::fence(people_client().await?, &args.namespace, &args.name, &args.instance, fenced).await?
     );
     Ok(())
 }
@@ -238,7 +238,7 @@ pub async fn backup_now(args: crate::cli::BackupNowArgs) -> anyhow::Result<()> {
     use crate::api::database_service_backup::BackupTarget;
     let target = args.from_primary.then_some(BackupTarget::Primary);
     let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
-    let client = plugin_client().await?;
+    let client = people_client().await?;
     let done =
         crate::plugin::backup(client, &args.namespace, &args.name, args.backup_name.as_deref(), target, wait).await?;
     println!("{done}");
@@ -247,7 +247,7 @@ pub async fn backup_now(args: crate::cli::BackupNowArgs) -> anyhow::Result<()> {
 
 /// `report NAME [-o FILE]`.
 pub async fn report(args: crate::cli::ReportArgs) -> anyhow::Result<()> {
-    let bundle = crate::plugin::report::report(plugin_client().await?, &args.namespace, &args.name).await?;
+    let bundle = crate::plugin::report::report(people_client().await?, &args.namespace, &args.name).await?;
     match &args.output {
         Some(path) => {
             std::fs::write(path, &bundle).with_context(|| format!("cannot write {}", path.display()))?;
@@ -279,7 +279,7 @@ pub async fn psql(args: crate::cli::PsqlArgs) -> anyhow::Result<()> {
         (None, false) => PsqlInstance::Primary,
     };
     let interactive = std::io::stdin().is_terminal();
-    let client = plugin_client().await?;
+    let client = people_client().await?;
     let arguments =
         crate::plugin::psql(client, &args.namespace, &args.name, &which, args.superuser, interactive, &args.psql)
             .await?;
@@ -289,7 +289,7 @@ pub async fn psql(args: crate::cli::PsqlArgs) -> anyhow::Result<()> {
 /// `logs NAME [-f] [--tail N]`.
 pub async fn logs(args: crate::cli::LogsArgs) -> anyhow::Result<()> {
     let arguments =
-        crate::plugin::logs(plugin_client().await?, &args.namespace, &args.name, args.follow, args.tail).await?;
+        crate::plugin::logs(people_client().await?, &args.namespace, &args.name, args.follow, args.tail).await?;
     hand_over_to_kubectl(&arguments)
 }
 
@@ -306,8 +306,7 @@ pub fn completion(args: crate::cli::CompletionArgs) {
 /// `dbservice-operator status NAME -n NAMESPACE`.
 pub async fn status(args: crate::cli::StatusArgs) -> anyhow::Result<()> {
     use crate::operator::status_view::{read, render};
-    install_crypto_provider();
-    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
+    let client = people_client().await?;
     loop {
         let view = read(client.clone(), &args.namespace, &args.name).await?;
         match args.output {
@@ -329,8 +328,7 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::api::names::ChildNames;
     use crate::operator::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
-    install_crypto_provider();
-    let client = crate::client::client(&kube_config().await?, None, &Arc::new(Metrics::new()))?;
+    let client = people_client().await?;
     let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
     let database = databases.get_opt(&args.name).await?;

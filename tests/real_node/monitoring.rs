@@ -30,25 +30,28 @@ struct RenderedMonitoring {
     dashboard: Value,
 }
 
-fn render_chart() -> RenderedMonitoring {
-    let output = Command::new(tool("helm"))
-        .args([
-            "template",
-            "--kube-version",
-            crate::support::CHART_KUBE_VERSION,
-            "monitoring",
-            "charts/dbservice-operator",
-            "--show-only",
-            "templates/database-monitoring.yaml",
-        ])
-        .args(["--set", "databaseMonitoring.podMonitor.enabled=true"])
-        .args(["--set", "databaseMonitoring.alerts.enabled=true"])
-        .args(["--set", "databaseMonitoring.dashboard.enabled=true"])
-        .current_dir(repository())
-        .output()
-        .expect("helm runs");
+/// `helm template` of one template of the chart with `sets`, as a user's values give it.
+fn render_template(template: &str, sets: &[&str]) -> String {
+    let mut command = Command::new(tool("helm"));
+    command.args(["template", "--kube-version", crate::support::CHART_KUBE_VERSION, "monitoring"]);
+    command.args(["charts/dbservice-operator", "--show-only", template]);
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let output = command.current_dir(repository()).output().expect("helm runs");
     assert!(output.status.success(), "helm template: {}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8(output.stdout).unwrap();
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn render_chart() -> RenderedMonitoring {
+    let text = render_template(
+        "templates/database-monitoring.yaml",
+        &[
+            "databaseMonitoring.podMonitor.enabled=true",
+            "databaseMonitoring.alerts.enabled=true",
+            "databaseMonitoring.dashboard.enabled=true",
+        ],
+    );
     let mut rendered = RenderedMonitoring { pod_monitor: Value::Null, rules: Value::Null, dashboard: Value::Null };
     for document in text.split("\n---").filter(|document| !document.trim().is_empty()) {
         let object: Value = serde_saphyr::from_str(document).unwrap();
@@ -68,21 +71,8 @@ fn render_chart() -> RenderedMonitoring {
 
 /// The chart's PodMonitor of the pooler pods (`spec.pooler`), as a user enabling it gets it.
 pub fn render_pooler_pod_monitor() -> Value {
-    let output = Command::new(tool("helm"))
-        .args([
-            "template",
-            "--kube-version",
-            crate::support::CHART_KUBE_VERSION,
-            "monitoring",
-            "charts/dbservice-operator",
-        ])
-        .args(["--show-only", "templates/pooler-monitoring.yaml"])
-        .args(["--set", "databaseMonitoring.podMonitor.enabled=true"])
-        .current_dir(repository())
-        .output()
-        .expect("helm runs");
-    assert!(output.status.success(), "helm template: {}", String::from_utf8_lossy(&output.stderr));
-    let object: Value = serde_saphyr::from_str(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    let text = render_template("templates/pooler-monitoring.yaml", &["databaseMonitoring.podMonitor.enabled=true"]);
+    let object: Value = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(object["kind"], "PodMonitor", "{object}");
     object
 }

@@ -171,15 +171,9 @@ async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to
     let Some(bed) = Bed::start_on_sized_volumes(fault, 2, Some(&node.version_of(15))).await else { return };
     let target = node.version_of(17);
     let primary = bed.primary().await;
-    // About 600 MB of rows on the primary's 1 GiB volume: a second copy does not fit. Unlogged,
-    // so that the load writes no WAL (which would fill the volume before the upgrade); pg_upgrade
-    // copies unlogged tables like any other.
+    // About 600 MB of rows on the primary's 1 GiB volume: a second copy does not fit.
     let rows = 5_000_000;
-    crate::environment::psql_in_instance(
-        bed.ns(),
-        &primary,
-        &format!("create unlogged table bulk as select n::bigint, repeat('x', 80) as filler from generate_series(1, {rows}) n"),
-    );
+    load_unlogged_rows(&bed, &primary, rows);
     let size = crate::environment::psql_in_instance(
         bed.ns(),
         &primary,
@@ -199,6 +193,17 @@ async fn a_copy_mode_upgrade_on_a_volume_without_room_for_the_copy_rolls_back_to
         outcome.rto,
         outcome.acknowledged,
         outcome.lost
+    );
+}
+
+/// `rows` rows of about 120 bytes in table `bulk` on `primary`. Unlogged, so that the load
+/// writes no WAL (which would fill a sized volume before the upgrade); pg_upgrade copies
+/// unlogged tables like any other.
+fn load_unlogged_rows(bed: &Bed, primary: &str, rows: u64) {
+    crate::environment::psql_in_instance(
+        bed.ns(),
+        primary,
+        &format!("create unlogged table bulk as select n::bigint, repeat('x', 80) as filler from generate_series(1, {rows}) n"),
     );
 }
 
@@ -236,11 +241,7 @@ async fn an_upgrade_whose_volume_fills_during_pg_upgrade_rolls_back_to_15_with_i
     let primary = bed.primary().await;
     // About 250 MB on the 1 GiB volume: a second copy fits, so the free-space check passes.
     let rows = 2_000_000;
-    crate::environment::psql_in_instance(
-        bed.ns(),
-        &primary,
-        &format!("create unlogged table bulk as select n::bigint, repeat('x', 80) as filler from generate_series(1, {rows}) n"),
-    );
+    load_unlogged_rows(&bed, &primary, rows);
     let (since, failed_at) = (bed.last_id(), epoch_now());
     change_version(&bed.databases(), &target, Some("copy")).await;
     let (ns, pod) = (bed.ns().to_string(), primary.clone());
