@@ -59,6 +59,11 @@ pub enum Command {
     Fence(InstanceVerbArgs),
     /// Let a fenced instance run again.
     Unfence(InstanceVerbArgs),
+    /// Hibernate: stop every instance and the pooler, keeping the data, Secrets and Services
+    /// (sets `spec.hibernated`; with --wait, follows it to phase Hibernated).
+    Hibernate(HibernationArgs),
+    /// Wake a hibernated database on its volumes with its primary (with --wait, to phase Running).
+    Wake(HibernationArgs),
     /// Take a base backup now: creates a DatabaseServiceBackup (with --wait, follows it).
     #[command(name = "backup-now")]
     BackupNow(BackupNowArgs),
@@ -274,6 +279,22 @@ pub struct InstanceVerbArgs {
     /// Namespace of the DatabaseService.
     #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
     pub namespace: String,
+}
+
+/// Arguments of `hibernate` and `wake`.
+#[derive(Debug, Args, Clone)]
+pub struct HibernationArgs {
+    /// DatabaseService name.
+    pub name: String,
+    /// Namespace of the DatabaseService.
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Follow the phase until it is Hibernated (hibernate) or Running (wake).
+    #[arg(long, default_value_t = false)]
+    pub wait: bool,
+    /// How long --wait follows it.
+    #[arg(long, default_value_t = 600)]
+    pub wait_seconds: u64,
 }
 
 /// Arguments of `backup-now`.

@@ -77,6 +77,8 @@ async fn main() {
         Some(Command::Fence(args)) => run::fence(args, true).await,
         Some(Command::Unfence(args)) => run::fence(args, false).await,
         Some(Command::BackupNow(args)) => run::backup_now(args).await,
+        Some(Command::Hibernate(args)) => run::hibernate(args, true).await,
+        Some(Command::Wake(args)) => run::hibernate(args, false).await,
         Some(Command::Report(args)) => run::report(args).await,
         Some(Command::Psql(args)) => run::psql(args).await,
         Some(Command::Logs(args)) => run::logs(args).await,

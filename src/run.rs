@@ -233,6 +233,14 @@ pub async fn fence(args: crate::cli::InstanceVerbArgs, fenced: bool) -> anyhow::
     Ok(())
 }
 
+/// `hibernate NAME [--wait]` (`hibernated`) or `wake NAME [--wait]`.
+pub async fn hibernate(args: crate::cli::HibernationArgs, hibernated: bool) -> anyhow::Result<()> {
+    let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
+    let client = people_client().await?;
+    println!("{}", crate::plugin::hibernate(client, &args.namespace, &args.name, hibernated, wait).await?);
+    Ok(())
+}
+
 /// `backup-now NAME [--wait]`.
 pub async fn backup_now(args: crate::cli::BackupNowArgs) -> anyhow::Result<()> {
     use crate::api::database_service_backup::BackupTarget;

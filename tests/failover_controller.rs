@@ -118,6 +118,7 @@ fn run_lapsed(
         drain_switchover: None,
         timer_seen: None,
         held_by_major_upgrade: false,
+        held_by_wake: false,
     };
     let outcome = decide_failover(&database, &input, &mut status, &mut journal, now);
     (outcome, status, journal)

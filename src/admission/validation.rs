@@ -124,6 +124,7 @@ pub fn validate(
         validate_update(&old.spec, spec, errors);
         validate_scale_down(old, spec, errors);
         validate_major_upgrade_in_progress(old, spec, errors);
+        validate_hibernation(old, spec, errors);
     }
     outcome.warnings = warnings(spec, settings);
     outcome.warnings.extend(postgresql_warnings);
@@ -654,6 +655,46 @@ fn validate_major_upgrade_in_progress(old: &DatabaseService, new: &DatabaseServi
                 upgrade.from_version, upgrade.to_version, upgrade.phase
             ),
         });
+    }
+}
+
+/// Nothing runs while hibernated to carry out a new version, size or instance count: those wait
+/// for the wake (which may come in the same change). A database hibernates only when settled:
+/// not while a switchover, a failover, a rollout or a major upgrade is under way.
+fn validate_hibernation(old: &DatabaseService, new: &DatabaseServiceSpec, errors: &mut Vec<FieldError>) {
+    if !new.is_hibernated() {
+        return;
+    }
+    let forbidden =
+        |path: &str, detail: String| FieldError { path: path.into(), kind: FieldErrorKind::Forbidden, detail };
+    let changed = [
+        ("spec.version", old.spec.version != new.version),
+        ("spec.image", old.spec.image != new.image),
+        ("spec.replicas", old.spec.replicas_or_default() != new.replicas_or_default()),
+        ("spec.storageSize", old.spec.storage_size != new.storage_size),
+    ];
+    for (path, _) in changed.iter().filter(|(_, changed)| *changed) {
+        errors.push(forbidden(
+            path,
+            "cannot change while the database is hibernated: no instance runs to carry it out; wake it (spec.hibernated: false) in the same change or before".into(),
+        ));
+    }
+    if old.spec.is_hibernated() {
+        return;
+    }
+    let Some(status) = old.status.as_ref() else { return };
+    let failover = &status.failover;
+    let busy = if failover.transition.is_some() || failover.target_primary != failover.current_primary {
+        Some("a switchover or failover is under way")
+    } else if status.major_upgrade.as_ref().is_some_and(|upgrade| upgrade.in_progress()) {
+        Some("a major upgrade is under way")
+    } else if status.rollout_started_at.is_some() {
+        Some("a version change is rolling out")
+    } else {
+        None
+    };
+    if let Some(busy) = busy {
+        errors.push(forbidden("spec.hibernated", format!("{busy}: hibernate once it is done")));
     }
 }
 

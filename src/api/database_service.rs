@@ -77,6 +77,10 @@ pub struct DatabaseServiceSpec {
     /// Stop reconciling (for maintenance); the objects are left as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Hibernate: stop every instance and the pooler, keeping volumes, Secrets, Services and
+    /// backups; `false` (or absent) wakes it with the same data and the same primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernated: Option<bool>,
     /// Continuous WAL archiving and base backups to an S3-compatible object store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<crate::api::backup::BackupSpec>,
@@ -302,6 +306,10 @@ pub enum Phase {
     Failed,
     /// The DatabaseService is being deleted.
     Deleting,
+    /// `spec.hibernated` is set and instances are still stopping.
+    Hibernating,
+    /// `spec.hibernated` is set and no instance runs: the data waits on its volumes.
+    Hibernated,
 }
 
 impl std::fmt::Display for Phase {
@@ -397,6 +405,11 @@ impl DatabaseServiceSpec {
     /// Whether reconciliation is paused.
     pub fn is_paused(&self) -> bool {
         self.paused.unwrap_or(false)
+    }
+
+    /// Whether the database is to hibernate (no instance, no pooler runs).
+    pub fn is_hibernated(&self) -> bool {
+        self.hibernated.unwrap_or(false)
     }
 }
 

@@ -25,6 +25,8 @@ pub mod types {
     pub const PAUSED: &str = "Paused";
     /// The primary archives its WAL to the object store (with spec.backup).
     pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
+    /// spec.hibernated stops the instances (True), or a wake waits for the primary (False, Waking).
+    pub const HIBERNATED: &str = "Hibernated";
 }
 
 /// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged;

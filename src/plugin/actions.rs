@@ -19,6 +19,22 @@ pub enum VerbError {
     /// A backup of a database without `spec.backup`.
     #[error("DatabaseService {0} has no spec.backup: name an object store before taking a backup")]
     NoObjectStore(String),
+    /// A verb that needs running instances, on a hibernated database.
+    #[error("DatabaseService {0} is hibernated: no instance runs; wake it first (kubectl dbservice wake {0})")]
+    Hibernated(String),
+}
+
+/// Refuses a verb that needs running instances while the database is hibernated.
+fn awake(database: &DatabaseService) -> Result<(), VerbError> {
+    if database.spec.is_hibernated() {
+        return Err(VerbError::Hibernated(database.name_any()));
+    }
+    Ok(())
+}
+
+/// The merge patch of `hibernate` (`true`) or `wake` (`false`): `spec.hibernated`.
+pub fn hibernation_patch(hibernated: bool) -> Value {
+    json!({"spec": {"hibernated": hibernated}})
 }
 
 /// The instance `name` of `database`: a pod name (`NAME-1`) or an ordinal (`1`).
@@ -41,6 +57,7 @@ pub fn instance_of(database: &DatabaseService, name: &str) -> Result<String, Ver
 /// The merge patch of `switchover NAME INSTANCE`: the switchover annotation, as
 /// `kubectl annotate dbs NAME dbservice.dev/switchover-to=INSTANCE` writes it.
 pub fn switchover_patch(database: &DatabaseService, target: &str) -> Result<Value, VerbError> {
+    awake(database)?;
     let target = instance_of(database, target)?;
     let primary = database.status.as_ref().and_then(|status| status.failover.current_primary.clone());
     if primary.as_deref() == Some(target.as_str()) {
@@ -52,6 +69,7 @@ pub fn switchover_patch(database: &DatabaseService, target: &str) -> Result<Valu
 /// The merge patch of `fence` (`fenced`) or `unfence`: the fenced-instances annotation with
 /// `instance` added or removed, the others kept in order; the annotation goes when none is left.
 pub fn fence_patch(database: &DatabaseService, instance: &str, fenced: bool) -> Result<Value, VerbError> {
+    awake(database)?;
     let instance = instance_of(database, instance)?;
     let mut list = crate::api::database_service::fenced_instances(database);
     list.retain(|name| name != &instance);
@@ -74,6 +92,7 @@ pub fn backup_object(
     if database.spec.backup.is_none() {
         return Err(VerbError::NoObjectStore(database_name));
     }
+    awake(database)?;
     let name = name.map(String::from).unwrap_or_else(|| format!("{database_name}-{}", now.format("%Y%m%d%H%M%S")));
     let mut backup =
         DatabaseServiceBackup::new(&name, DatabaseServiceBackupSpec { database_service: database_name, target });
@@ -125,6 +144,18 @@ mod tests {
         let unfenced = fence_patch(&orders, "orders-2", false).unwrap();
         assert_eq!(unfenced["metadata"]["annotations"][FENCED_ANNOTATION], Value::Null, "the annotation goes");
         assert!(fence_patch(&orders, "other-0", true).is_err());
+    }
+
+    #[test]
+    fn a_hibernated_database_refuses_the_verbs_that_need_instances() {
+        let mut sleeping = database(2, &[]);
+        sleeping.spec.hibernated = Some(true);
+        let refused = Err(VerbError::Hibernated("orders".into()));
+        assert_eq!(switchover_patch(&sleeping, "1"), refused);
+        assert_eq!(fence_patch(&sleeping, "1", true), refused);
+        sleeping.spec.backup = Some(serde_json::from_value(json!({"objectStore": {"bucket": "b", "endpoint": "https://s3.example", "credentialsSecret": {"name": "s3"}}})).unwrap());
+        assert_eq!(backup_object(&sleeping, None, None, chrono::Utc::now()).map(drop), refused.map(drop));
+        assert_eq!(hibernation_patch(false), json!({"spec": {"hibernated": false}}));
     }
 
     #[test]

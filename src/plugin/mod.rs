@@ -7,7 +7,7 @@ pub mod output;
 pub mod report;
 pub mod shell;
 
-use crate::api::database_service::DatabaseService;
+use crate::api::database_service::{DatabaseService, Phase};
 use crate::api::database_service_backup::{BackupPhase, BackupTarget, DatabaseServiceBackup};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -31,6 +31,9 @@ pub enum PluginError {
     /// `backup --wait` gave up.
     #[error("backup {name} not done after {seconds} s (phase {phase}); it goes on: kubectl get dbsbackup {name}")]
     BackupTimedOut { name: String, seconds: u64, phase: String },
+    /// `hibernate --wait` or `wake --wait` did not see the phase in time.
+    #[error("{name} did not reach phase {goal} within {seconds} s; see kubectl dbservice status {name}")]
+    PhaseTimedOut { name: String, seconds: u64, goal: Phase },
     /// `psql` has no instance to open.
     #[error(transparent)]
     Psql(#[from] shell::PsqlError),
@@ -65,7 +68,7 @@ async fn patch(client: &Client, database: &DatabaseService, patch: serde_json::V
     databases
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(api_error(format!("cannot annotate DatabaseService {namespace}/{name}")))?;
+        .map_err(api_error(format!("cannot change DatabaseService {namespace}/{name}")))?;
     Ok(())
 }
 
@@ -92,6 +95,45 @@ pub async fn fence(
     patch(&client, &database, actions::fence_patch(&database, instance, fenced)?).await?;
     let pod = actions::instance_of(&database, instance)?;
     Ok(format!("{pod} {}", if fenced { "fenced: its PostgreSQL is kept stopped" } else { "unfenced" }))
+}
+
+/// `hibernate NAME` (`hibernated`) or `wake NAME`: sets `spec.hibernated`; with `wait`, follows
+/// the phase until it is Hibernated (or, waking, Running).
+pub async fn hibernate(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    hibernated: bool,
+    wait: Option<Duration>,
+) -> Result<String, PluginError> {
+    let database = database(&client, namespace, name).await?;
+    patch(&client, &database, actions::hibernation_patch(hibernated)).await?;
+    let (verb, goal) = if hibernated { ("hibernation", Phase::Hibernated) } else { ("wake", Phase::Running) };
+    let Some(timeout) = wait else {
+        return Ok(format!(
+            "{verb} of {namespace}/{name} requested; follow it with: kubectl dbservice status {name} -n {namespace}"
+        ));
+    };
+    let databases: Api<DatabaseService> = Api::namespaced(client, namespace);
+    let started = std::time::Instant::now();
+    let mut last = None;
+    loop {
+        let current = databases.get(name).await.map_err(api_error(format!("cannot read {namespace}/{name}")))?;
+        let phase = current.status.and_then(|status| status.phase);
+        if phase != last {
+            let shown = phase.map_or("-".to_string(), |phase| phase.to_string());
+            eprintln!("{:>5.1} s  {name}: {shown}", started.elapsed().as_secs_f64());
+            last = phase;
+        }
+        // A wake goes through the phases of starting pods: only the goal after the change counts.
+        if phase == Some(goal) && current.spec.is_hibernated() == hibernated {
+            return Ok(format!("{namespace}/{name} is {goal} after {:.1} s", started.elapsed().as_secs_f64()));
+        }
+        if started.elapsed() >= timeout {
+            return Err(PluginError::PhaseTimedOut { name: name.into(), seconds: timeout.as_secs(), goal });
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// `backup NAME`: creates a DatabaseServiceBackup; with `wait`, follows it to its end.

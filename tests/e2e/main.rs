@@ -8,6 +8,7 @@ mod certificates;
 mod chart;
 mod controller;
 mod healing;
+mod hibernation;
 mod instance_policy;
 mod leader;
 mod network_policy;

@@ -182,7 +182,8 @@ async fn placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one
     crate::controller::delete_and_wait_gone(&databases, "spread").await;
 }
 
-fn report(role: Role, received: Option<u64>) -> InstanceReport {
+/// A report as an agent publishes it, for tests that run no agent (kwok).
+pub fn report(role: Role, received: Option<u64>) -> InstanceReport {
     InstanceReport {
         role,
         timeline: 1,

@@ -284,6 +284,7 @@ pub fn operator_pass(world: &mut World, settings: &FailoverSettings) -> Action {
         lease_lapsed: false,
         switchover_to: world.switchover_to.clone(),
         held_by_major_upgrade: false,
+        held_by_wake: false,
     };
     let decision = decide(&world.status, &observed, settings, Utc::now());
     world.status = decision.status;

@@ -281,6 +281,9 @@ async fn start(
     let ready = database.status.as_ref().map_or(0, |status| status.ready_replicas);
     let waiting_for = match blocking_backup(backup, &others) {
         Some(blocker) => Some(format!("waiting for backup {blocker} of the same database to finish")),
+        None if database.spec.is_hibernated() => {
+            Some(format!("DatabaseService {} is hibernated: the backup waits until it is woken", database.name_any()))
+        }
         // Without a ready instance the Job could only fail.
         None if ready < 1 => {
             Some(format!("waiting for DatabaseService {} to have a ready instance", database.name_any()))

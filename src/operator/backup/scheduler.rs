@@ -55,7 +55,8 @@ pub fn next_scheduled_run(
     backups: &[std::sync::Arc<DatabaseServiceBackup>],
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    if database.metadata.deletion_timestamp.is_some() || database.spec.is_paused() {
+    // Hibernated: nothing runs to back up, and the schedule resumes with the latest missed run.
+    if database.metadata.deletion_timestamp.is_some() || database.spec.is_paused() || database.spec.is_hibernated() {
         return None;
     }
     let schedule: Schedule = database.spec.backup.as_ref()?.schedule.as_ref()?.parse().ok()?;

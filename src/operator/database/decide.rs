@@ -17,6 +17,7 @@ use crate::operator::database::failover::pass::{
     decide_failover, report_of, FailoverInput, FailoverOutcome, URGENT_REQUEUE,
 };
 use crate::operator::database::healing::{decide_rollout, Rollout};
+use crate::operator::database::hibernation;
 use crate::operator::database::major_upgrade::{decide_major_upgrade, MajorUpgradeDecision, MajorUpgradeInput};
 use crate::operator::database::observe::{claim_class, claim_request, Observed};
 use crate::operator::database::pod_health::{self, PodHealth};
@@ -146,13 +147,18 @@ pub fn decide(input: &DecideInput) -> Decision {
     record_generation(database, &old_status, &mut journal, now);
     let create_credentials = decide_credentials(database, observed, &mut status, &mut journal, now);
     let pods = pod_healths(observed);
+    if database.spec.is_hibernated() {
+        return hibernated(input, &old_status, status, journal, create_credentials, &pods);
+    }
+    let primary_is_back = hibernation::primary_back(&status, &observed.pods, &pods);
+    let held_by_wake = hibernation::decide_wake(database, &mut status, primary_is_back, &mut journal, now);
     let reported_recovery = crate::api::recovery::reported(&observed.pods);
     crate::operator::database::recovery::decide_recovery(&mut status, reported_recovery, generation, now, &mut journal);
     // The one StatefulSet this pass needs, expanded from its compact cached form.
     let expanded = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let live_stateful_set = expanded.as_ref();
     let plan = plan_rollout(input, &pods, live_stateful_set, &mut status, &mut journal);
-    let failover = failover_step(input, &pods, &plan.rolling, &mut status, &mut journal);
+    let failover = failover_step(input, &pods, &plan.rolling, held_by_wake, &mut status, &mut journal);
     tell_instance_changes(&old_status.instances, &status.instances, &mut journal, generation, now);
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
@@ -197,6 +203,55 @@ pub fn decide(input: &DecideInput) -> Decision {
     };
     let requeue = requeue_after(failover.urgent, converged, archiving.warn_in);
     Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: archiving.health }
+}
+
+/// A hibernated database's pass: the StatefulSet (and the pooler) at no instance, everything
+/// else kept as it is; no failover, rollout or archiving decision while nothing runs.
+fn hibernated(
+    input: &DecideInput,
+    old_status: &DatabaseServiceStatus,
+    mut status: DatabaseServiceStatus,
+    mut journal: Journal,
+    create_credentials: bool,
+    pods: &[PodHealth],
+) -> Decision {
+    let DecideInput { database, observed, settings, now, .. } = *input;
+    hibernation::decide_hibernating(database, pods, &mut status, &mut journal, now);
+    let live = observed.stateful_set.as_deref().and_then(|live| live.expand());
+    let inputs = WorkloadInputs {
+        // The image it ran: nothing rolls while nothing runs (admission keeps the version).
+        image: live.as_ref().and_then(build::postgres_image).unwrap_or_else(|| database.spec.image_or_default()),
+        replicas: 0,
+        restarted_at: status.last_restart_at.clone(),
+        claim_template_size: live
+            .as_ref()
+            .and_then(build::claim_template_size)
+            .unwrap_or_else(|| database.spec.storage_size.clone()),
+        instance_image: settings.instance_image.clone(),
+    };
+    let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
+    let provisioned_before = old_status.observed_generation.is_some();
+    let workload = Workload {
+        inputs,
+        create_credentials,
+        create_superuser: observed.superuser.is_none(),
+        create_replication: observed.replication.is_none(),
+        certificates: certificate_work(database, observed, now),
+        pod_labels: Vec::new(),
+        pod_deletions: Vec::new(),
+        claim_changes,
+        release_lease_of: None,
+        release_lapsed_lease: None,
+        clear_switchover_request: false,
+        create_backup: None,
+        provisioned_before,
+        drift_possible: provisioned_before
+            && old_status.observed_generation == database.metadata.generation
+            && old_status.phase == Some(Phase::Hibernated),
+    };
+    // Stopping pods wake the controller; once none is left there is nothing to watch for.
+    let requeue = if pods.is_empty() { Duration::from_secs(300) } else { Duration::from_secs(5) };
+    Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: ArchivingHealth::Unknown }
 }
 
 /// How the workload rolls this pass: the rollout (and any major upgrade) decided, the StatefulSet
@@ -269,6 +324,7 @@ fn failover_step(
     input: &DecideInput,
     pods: &[PodHealth],
     rolling: &RollingStep,
+    held_by_wake: bool,
     status: &mut DatabaseServiceStatus,
     journal: &mut Journal,
 ) -> FailoverOutcome {
@@ -292,6 +348,7 @@ fn failover_step(
         drain_switchover,
         timer_seen: failover_timer_seen,
         held_by_major_upgrade: status.major_upgrade.as_ref().is_some_and(|upgrade| upgrade.holds_failover()),
+        held_by_wake,
     };
     decide_failover(database, &failover_input, status, journal, now)
 }

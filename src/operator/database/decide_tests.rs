@@ -593,3 +593,73 @@ fn an_owned_setting_put_back_is_told_once_per_revert() {
     let next = run(&again, &steady(&again, vec![primary_reporting_revert(2)]));
     assert!(next.journal.reasons().contains(&REVERTED_EVENT));
 }
+
+/// A two-instance database with db-0 its primary, failover engaged.
+fn engaged_status() -> DatabaseServiceStatus {
+    let mut status = running_status("16.4");
+    status.failover.current_primary = Some("db-0".into());
+    status.failover.target_primary = Some("db-0".into());
+    status.failover.timeline = Some(1);
+    status
+}
+
+#[test]
+fn hibernation_stops_every_instance_keeps_the_rest_and_says_so_once_each() {
+    let mut sleeping = database(2, Some(engaged_status()));
+    sleeping.spec.hibernated = Some(true);
+    sleeping.metadata.generation = Some(2);
+    let pods = vec![pod(0, "postgres:16.4", PodState::Ready), pod(1, "postgres:16.4", PodState::Ready)];
+    let decision = run(&sleeping, &steady(&sleeping, pods.clone()));
+    let workload = decision.workload.as_ref().expect("the workload is applied, at no instance");
+    assert_eq!((workload.inputs.replicas, workload.inputs.image.as_str()), (0, "postgres:16.4"));
+    assert!(workload.pod_deletions.is_empty() && workload.pod_labels.is_empty());
+    assert_eq!(decision.status.phase, Some(Phase::Hibernating));
+    assert_eq!(condition(&decision, "Hibernated"), Some(("True", "Hibernating")));
+    assert_eq!(condition(&decision, "Ready"), Some(("False", "Hibernated")));
+    assert!(decision.journal.reasons().contains(&"Hibernating"));
+    assert_eq!(decision.status.failover.current_primary.as_deref(), Some("db-0"), "the primary is kept");
+
+    let still_stopping = database(2, Some(decision.status.clone()));
+    let mut still_stopping = DatabaseService { spec: sleeping.spec.clone(), ..still_stopping };
+    still_stopping.metadata.generation = Some(2);
+    let again = run(&still_stopping, &steady(&still_stopping, pods));
+    assert!(!again.journal.reasons().contains(&"Hibernating"), "told once: {:?}", again.journal.reasons());
+
+    let mut asleep = DatabaseService { status: Some(again.status.clone()), ..still_stopping.clone() };
+    asleep.metadata.generation = Some(2);
+    let decision = run(&asleep, &steady(&asleep, Vec::new()));
+    assert_eq!(decision.status.phase, Some(Phase::Hibernated));
+    assert_eq!(condition(&decision, "Hibernated"), Some(("True", "Hibernated")));
+    assert!(decision.journal.entries.iter().any(|entry| entry.action == "Hibernated"));
+    assert_eq!(decision.requeue, Some(std::time::Duration::from_secs(300)));
+}
+
+#[test]
+fn a_wake_holds_failover_until_the_stopped_primary_is_back() {
+    let mut hibernated = engaged_status();
+    crate::operator::conditions::set(
+        &mut hibernated.conditions,
+        "Hibernated",
+        true,
+        "Hibernated",
+        "hibernated",
+        Some(2),
+        now() - Duration::seconds(600),
+    );
+    let mut waking = database(2, Some(hibernated));
+    waking.metadata.generation = Some(3);
+    // The standby is ready first; the primary's pod is still starting.
+    let pods = vec![pod(0, "postgres:16.4", PodState::NotReadyFor(5)), pod(1, "postgres:16.4", PodState::Ready)];
+    let decision = run(&waking, &steady(&waking, pods.clone()));
+    assert_eq!(condition(&decision, "Hibernated"), Some(("False", "Waking")));
+    assert!(decision.journal.reasons().contains(&"Waking"));
+    assert_eq!(decision.workload.as_ref().unwrap().inputs.replicas, 2);
+    assert_eq!(decision.status.failover.target_primary.as_deref(), Some("db-0"), "no failover while waking");
+
+    // Without the hold the same pass fails over at once (the default delay is 0).
+    let mut awake = engaged_status();
+    awake.observed_generation = Some(3);
+    let unheld = DatabaseService { status: Some(awake), ..waking.clone() };
+    let decision = run(&unheld, &steady(&unheld, pods));
+    assert_ne!(decision.status.failover.target_primary.as_deref(), Some("db-0"), "the hold is what keeps the primary");
+}

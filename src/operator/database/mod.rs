@@ -22,6 +22,7 @@ pub mod durability;
 pub mod error;
 pub mod failover;
 pub mod healing;
+pub mod hibernation;
 pub mod lease_watch;
 pub mod major_upgrade;
 pub mod observe;

@@ -140,6 +140,12 @@ pub fn desired(
     }
 }
 
+/// The PostgreSQL image of a live StatefulSet's pod template.
+pub fn postgres_image(stateful_set: &StatefulSet) -> Option<String> {
+    let template = stateful_set.spec.template.spec.as_ref()?;
+    template.containers.iter().find(|container| container.name == "postgres")?.image.clone()
+}
+
 /// Size of the volumeClaimTemplate of a live StatefulSet (immutable once created).
 pub fn claim_template_size(stateful_set: &StatefulSet) -> Option<String> {
     stateful_set

@@ -455,7 +455,8 @@ pub fn pooler_deployment(
             ..Default::default()
         },
         spec: DeploymentSpec {
-            replicas: Some(pooler.instances_or_default()),
+            // Hibernated: no pooler pod either (the Services, Secret and ConfigMap stay).
+            replicas: Some(if database.spec.is_hibernated() { 0 } else { pooler.instances_or_default() }),
             selector: LabelSelector { match_labels: Some(pod_labels.clone()), ..Default::default() },
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),

@@ -24,6 +24,9 @@ pub struct Observed {
     /// An in-place major upgrade holds failover and switchover: the primary is down on purpose,
     /// or the standbys are of another major than the primary.
     pub held_by_major_upgrade: bool,
+    /// A wake from hibernation holds failover while the instances start: the primary stopped with
+    /// every commit, and a standby that starts first must not take its place.
+    pub held_by_wake: bool,
 }
 
 /// Why an instance cannot be promoted (or a switchover is refused).
@@ -70,6 +73,8 @@ pub enum Rejection {
     NoStandby,
     /// An in-place major upgrade is under way (see `operator::database::major_upgrade`).
     MajorUpgrade,
+    /// The database wakes from hibernation (see `operator::database::hibernation`).
+    Waking,
 }
 
 /// What the operator does after writing the returned status.
@@ -339,6 +344,9 @@ fn held_primary(
         // The upgrade stops the primary on purpose, and a standby of the old major promoted
         // beside an upgraded primary would fork the database: nothing moves until it is done.
         return if healthy { Some(Action::Steady) } else { blocked(Rejection::MajorUpgrade) };
+    }
+    if observed.held_by_wake && status.transition.is_none() {
+        return if healthy { Some(Action::Steady) } else { blocked(Rejection::Waking) };
     }
     if !healthy && observed.instances.iter().all(|instance| instance.name == current) {
         // A single instance is never "failed over": that would stop its own server (the target

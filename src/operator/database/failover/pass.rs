@@ -187,6 +187,8 @@ pub struct FailoverInput<'a> {
     pub timer_seen: Option<Duration>,
     /// An in-place major upgrade holds failover and switchover.
     pub held_by_major_upgrade: bool,
+    /// A wake from hibernation holds failover until the primary is back.
+    pub held_by_wake: bool,
 }
 
 /// Decides the failover step of one pass: updates `status` (failover fields and instances) and
@@ -216,6 +218,7 @@ pub fn decide_failover(
         lease_lapsed: input.lease_lapsed.is_some(),
         switchover_to,
         held_by_major_upgrade: input.held_by_major_upgrade,
+        held_by_wake: input.held_by_wake,
     };
     let decision = decide_on_timer_clock(database, status, &current, &observed, input.timer_seen, now);
     let next = decision.status;

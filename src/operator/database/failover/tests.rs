@@ -70,6 +70,7 @@ fn observed(instances: Vec<InstanceObservation>) -> Observed {
         lease_lapsed: false,
         switchover_to: None,
         held_by_major_upgrade: false,
+        held_by_wake: false,
     }
 }
 
@@ -823,6 +824,30 @@ fn a_major_upgrade_holds_failover_and_switchover() {
     let decision = decide(&failing_status(0), &held(gone()), &settings(0), at(10));
     assert_eq!(decision.status.primary_failing_since, None);
     assert_eq!(decision.status.target_primary.as_deref(), Some("db-0"));
+}
+
+#[test]
+fn a_wake_holds_failover_until_the_primary_is_back() {
+    // The Lease its primary left when it stopped has lapsed while the database slept.
+    let waking = |instances| Observed { held_by_wake: true, lease_lapsed: true, ..observed(instances) };
+    let blocked = Action::FailoverBlocked { primary: "db-0".into(), reason: Rejection::Waking };
+    let starting = || vec![instance("db-0", PodState::NotReady, None), standby("db-1", 100 * MIB, true)];
+    let back = || vec![healthy_primary(), standby("db-1", 100 * MIB, true)];
+    check(vec![
+        ("the standby started first: no failover", steady_status(), waking(starting()), settings(0), 10, blocked),
+        // Its agent renewed the Lease: the lapse of the version it left behind is over.
+        (
+            "the primary back",
+            steady_status(),
+            Observed { lease_lapsed: false, ..waking(back()) },
+            settings(0),
+            10,
+            Action::Steady,
+        ),
+    ]);
+    // The same pass without the hold fails over at once (delay 0): the hold is what keeps it.
+    let unheld = Observed { held_by_wake: false, ..waking(starting()) };
+    assert!(matches!(decide(&steady_status(), &unheld, &settings(0), at(10)).action, Action::FailoverStarted { .. }));
 }
 
 #[test]
