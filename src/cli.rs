@@ -61,9 +61,15 @@ pub enum Command {
     Unfence(InstanceVerbArgs),
     /// Hibernate: stop every instance and the pooler, keeping the data, Secrets and Services
     /// (sets `spec.hibernated`; with --wait, follows it to phase Hibernated).
-    Hibernate(HibernationArgs),
+    Hibernate(WaitVerbArgs),
     /// Wake a hibernated database on its volumes with its primary (with --wait, to phase Running).
-    Wake(HibernationArgs),
+    Wake(WaitVerbArgs),
+    /// A rolling restart: standbys first, one at a time, then a switchover, then the former
+    /// primary (the `dbservice.dev/restart-requested-at` annotation).
+    Restart(WaitVerbArgs),
+    /// Every instance reads its configuration files and certificates again, nothing restarts
+    /// (the `dbservice.dev/reload-requested-at` annotation).
+    Reload(WaitVerbArgs),
     /// Take a base backup now: creates a DatabaseServiceBackup (with --wait, follows it).
     #[command(name = "backup-now")]
     BackupNow(BackupNowArgs),
@@ -264,9 +270,10 @@ pub struct CertsArgs {
 pub struct LedgerArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 /// Arguments of the verbs that name one instance of a DatabaseService.
@@ -276,20 +283,24 @@ pub struct InstanceVerbArgs {
     pub name: String,
     /// The instance: its pod's name (`NAME-1`) or its ordinal (`1`).
     pub instance: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
-/// Arguments of `hibernate` and `wake`.
+/// Arguments of the verbs that change a database and may follow the change to its end:
+/// `hibernate`, `wake`, `restart` and `reload`.
 #[derive(Debug, Args, Clone)]
-pub struct HibernationArgs {
+pub struct WaitVerbArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
-    /// Follow the phase until it is Hibernated (hibernate) or Running (wake).
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Follow the change to its end (Hibernated, Running, the rolling restart done, every
+    /// instance reloaded).
     #[arg(long, default_value_t = false)]
     pub wait: bool,
     /// How long --wait follows it.
@@ -302,9 +313,10 @@ pub struct HibernationArgs {
 pub struct BackupNowArgs {
     /// DatabaseService name (it needs `spec.backup`).
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// The DatabaseServiceBackup's name (default: NAME-YYYYMMDDHHMMSS).
     #[arg(long)]
     pub backup_name: Option<String>,
@@ -324,9 +336,10 @@ pub struct BackupNowArgs {
 pub struct ReportArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// Write the bundle to this file instead of standard output.
     #[arg(short, long)]
     pub output: Option<std::path::PathBuf>,
@@ -337,9 +350,10 @@ pub struct ReportArgs {
 pub struct StatusArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// Print the view as data (json or yaml) instead of the screen for people.
     #[arg(short, long, value_enum)]
     pub output: Option<crate::plugin::output::OutputFormat>,
@@ -353,9 +367,10 @@ pub struct StatusArgs {
 pub struct PsqlArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// A ready standby instead of the primary.
     #[arg(long, default_value_t = false, conflicts_with = "instance")]
     pub standby: bool,
@@ -375,9 +390,10 @@ pub struct PsqlArgs {
 pub struct LogsArgs {
     /// DatabaseService name.
     pub name: String,
-    /// Namespace of the DatabaseService.
-    #[arg(short, long, env = "DBSERVICE_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// Namespace of the DatabaseService (default: the kubeconfig context's, in a pod its own,
+    /// else `default`).
+    #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
+    pub namespace: Option<String>,
     /// Keep following the logs.
     #[arg(short, long, default_value_t = false)]
     pub follow: bool,

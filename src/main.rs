@@ -79,6 +79,8 @@ async fn main() {
         Some(Command::BackupNow(args)) => run::backup_now(args).await,
         Some(Command::Hibernate(args)) => run::hibernate(args, true).await,
         Some(Command::Wake(args)) => run::hibernate(args, false).await,
+        Some(Command::Restart(args)) => run::request(args, dbservice_operator::plugin::Request::Restart).await,
+        Some(Command::Reload(args)) => run::request(args, dbservice_operator::plugin::Request::Reload).await,
         Some(Command::Report(args)) => run::report(args).await,
         Some(Command::Psql(args)) => run::psql(args).await,
         Some(Command::Logs(args)) => run::logs(args).await,

@@ -207,7 +207,14 @@ pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
 /// `dbservice-operator backups NAME -n NAMESPACE`.
 pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
     let client = people_client().await?;
-    Ok(crate::store::inventory::print_backups(client, &args.namespace, &args.name).await?)
+    let namespace = namespace_of(&args.namespace, &client);
+    Ok(crate::store::inventory::print_backups(client, &namespace, &args.name).await?)
+}
+
+/// The namespace a person named, else the kubeconfig context's (in a pod its own), else
+/// `default`: what kubectl would use.
+fn namespace_of(given: &Option<String>, client: &kube::Client) -> String {
+    given.clone().unwrap_or_else(|| client.default_namespace().to_string())
 }
 
 /// A client for the commands people run (status, ledger, backups and the plugin's verbs), from
@@ -219,25 +226,36 @@ async fn people_client() -> anyhow::Result<kube::Client> {
 
 /// `switchover NAME INSTANCE` (alias `promote`).
 pub async fn switchover(args: crate::cli::InstanceVerbArgs) -> anyhow::Result<()> {
-    let done = crate::plugin::switchover(people_client().await?, &args.namespace, &args.name, &args.instance).await?;
+    let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    let done = crate::plugin::switchover(client, &namespace, &args.name, &args.instance).await?;
     println!("{done}");
     Ok(())
 }
 
 /// `fence NAME INSTANCE` / `unfence NAME INSTANCE`.
 pub async fn fence(args: crate::cli::InstanceVerbArgs, fenced: bool) -> anyhow::Result<()> {
-    println!(
-        "{}",
-        crate::plugin::fence(people_client().await?, &args.namespace, &args.name, &args.instance, fenced).await?
-    );
+    let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    println!("{}", crate::plugin::fence(client, &namespace, &args.name, &args.instance, fenced).await?);
     Ok(())
 }
 
 /// `hibernate NAME [--wait]` (`hibernated`) or `wake NAME [--wait]`.
-pub async fn hibernate(args: crate::cli::HibernationArgs, hibernated: bool) -> anyhow::Result<()> {
+pub async fn hibernate(args: crate::cli::WaitVerbArgs, hibernated: bool) -> anyhow::Result<()> {
     let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
     let client = people_client().await?;
-    println!("{}", crate::plugin::hibernate(client, &args.namespace, &args.name, hibernated, wait).await?);
+    let namespace = namespace_of(&args.namespace, &client);
+    println!("{}", crate::plugin::hibernate(client, &namespace, &args.name, hibernated, wait).await?);
+    Ok(())
+}
+
+/// `restart NAME [--wait]` or `reload NAME [--wait]`.
+pub async fn request(args: crate::cli::WaitVerbArgs, request: crate::plugin::Request) -> anyhow::Result<()> {
+    let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
+    let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    println!("{}", crate::plugin::request(client, &namespace, &args.name, request, wait).await?);
     Ok(())
 }
 
@@ -247,15 +265,17 @@ pub async fn backup_now(args: crate::cli::BackupNowArgs) -> anyhow::Result<()> {
     let target = args.from_primary.then_some(BackupTarget::Primary);
     let wait = args.wait.then(|| std::time::Duration::from_secs(args.wait_seconds));
     let client = people_client().await?;
-    let done =
-        crate::plugin::backup(client, &args.namespace, &args.name, args.backup_name.as_deref(), target, wait).await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    let done = crate::plugin::backup(client, &namespace, &args.name, args.backup_name.as_deref(), target, wait).await?;
     println!("{done}");
     Ok(())
 }
 
 /// `report NAME [-o FILE]`.
 pub async fn report(args: crate::cli::ReportArgs) -> anyhow::Result<()> {
-    let bundle = crate::plugin::report::report(people_client().await?, &args.namespace, &args.name).await?;
+    let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    let bundle = crate::plugin::report::report(client, &namespace, &args.name).await?;
     match &args.output {
         Some(path) => {
             std::fs::write(path, &bundle).with_context(|| format!("cannot write {}", path.display()))?;
@@ -288,16 +308,17 @@ pub async fn psql(args: crate::cli::PsqlArgs) -> anyhow::Result<()> {
     };
     let interactive = std::io::stdin().is_terminal();
     let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
     let arguments =
-        crate::plugin::psql(client, &args.namespace, &args.name, &which, args.superuser, interactive, &args.psql)
-            .await?;
+        crate::plugin::psql(client, &namespace, &args.name, &which, args.superuser, interactive, &args.psql).await?;
     hand_over_to_kubectl(&arguments)
 }
 
 /// `logs NAME [-f] [--tail N]`.
 pub async fn logs(args: crate::cli::LogsArgs) -> anyhow::Result<()> {
-    let arguments =
-        crate::plugin::logs(people_client().await?, &args.namespace, &args.name, args.follow, args.tail).await?;
+    let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
+    let arguments = crate::plugin::logs(client, &namespace, &args.name, args.follow, args.tail).await?;
     hand_over_to_kubectl(&arguments)
 }
 
@@ -315,8 +336,9 @@ pub fn completion(args: crate::cli::CompletionArgs) {
 pub async fn status(args: crate::cli::StatusArgs) -> anyhow::Result<()> {
     use crate::operator::status_view::{read, render};
     let client = people_client().await?;
+    let namespace = namespace_of(&args.namespace, &client);
     loop {
-        let view = read(client.clone(), &args.namespace, &args.name).await?;
+        let view = read(client.clone(), &namespace, &args.name).await?;
         match args.output {
             Some(format) => print!("{}", crate::plugin::output::render(&view, format)),
             // Clear the screen and home the cursor before each redraw.
@@ -337,17 +359,18 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     use crate::operator::ledger::{parse, render_table, LEDGER_KEY};
     use k8s_openapi::api::core::v1::ConfigMap;
     let client = people_client().await?;
-    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &args.namespace);
-    let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &args.namespace);
+    let namespace = namespace_of(&args.namespace, &client);
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &namespace);
+    let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client, &namespace);
     let database = databases.get_opt(&args.name).await?;
     let ledger = config_maps.get_opt(&ChildNames::ledger(&args.name)).await?;
     if database.is_none() && ledger.is_none() {
-        anyhow::bail!("no DatabaseService {:?} and no ledger in namespace {:?}", args.name, args.namespace);
+        anyhow::bail!("no DatabaseService {:?} and no ledger in namespace {:?}", args.name, namespace);
     }
     match &database {
         Some(database) => {
             let status = database.status.clone().unwrap_or_default();
-            println!("DatabaseService {}/{}", args.namespace, args.name);
+            println!("DatabaseService {namespace}/{}", args.name);
             println!(
                 "  phase: {}   ready: {}/{}   version: {} (spec {})   last stable: {}",
                 status.phase.map(|phase| phase.to_string()).unwrap_or_else(|| "-".into()),
@@ -364,7 +387,7 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        None => println!("DatabaseService {}/{} no longer exists; its ledger was retained", args.namespace, args.name),
+        None => println!("DatabaseService {namespace}/{} no longer exists; its ledger was retained", args.name),
     }
     let entries = ledger
         .and_then(|config_map| config_map.data)

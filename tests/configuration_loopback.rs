@@ -121,3 +121,35 @@ async fn owned_settings_changed_by_alter_system_are_put_back_and_reported() {
     assert_eq!(shown(port, "archive_timeout").await.as_deref(), Some("0"));
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_request_reloads_every_instance_once_without_a_restart() {
+    let Some(pg_bin) = loopback::pg_bin() else { return };
+    let cluster = Cluster::start(pg_bin, &["db-0", "db-1"]).await;
+    let loaded = "SELECT pg_conf_load_time()::text";
+    let before =
+        [cluster.scalar(cluster.port("db-0"), loaded).await, cluster.scalar(cluster.port("db-1"), loaded).await];
+    let postmasters = cluster.scalar(cluster.port("db-1"), "SELECT pg_postmaster_start_time()::text").await;
+
+    const REQUEST: &str = "2026-12-07T16:00:00Z";
+    cluster.world.lock().unwrap().reload_requested = Some(REQUEST.into());
+    cluster
+        .wait_for("the request reported carried out by both", Duration::from_secs(30), async || {
+            let world = cluster.world.lock().unwrap();
+            ["db-0", "db-1"]
+                .iter()
+                .all(|name| world.reports.get(*name).is_some_and(|report| report.reloaded.as_deref() == Some(REQUEST)))
+        })
+        .await;
+    for (name, before) in ["db-0", "db-1"].iter().zip(&before) {
+        let after = cluster.scalar(cluster.port(name), loaded).await;
+        assert_ne!(&after, before, "{name} read its configuration files again");
+    }
+    let now = cluster.scalar(cluster.port("db-1"), "SELECT pg_postmaster_start_time()::text").await;
+    assert_eq!(now, postmasters, "a reload restarts nothing");
+    // Carried out once: the agents' next steps (every second) leave the server alone.
+    let settled = cluster.scalar(cluster.port("db-0"), loaded).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(cluster.scalar(cluster.port("db-0"), loaded).await, settled, "one reload per request");
+    cluster.shutdown().await;
+}

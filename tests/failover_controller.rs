@@ -49,6 +49,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         owned_settings_reverted: None,
         waits_for: None,
         discarded_on_rejoin: None,
+        reloaded: None,
     }
 }
 

@@ -147,3 +147,80 @@ fn the_link_checker_finds_a_missing_file_and_a_missing_heading() {
     assert!(broken[0].ends_with("other.md: no such file") && broken[1].ends_with("no heading #nowhere"), "{broken:?}");
     assert_eq!(anchor_of(" Failover, switchover and fencing"), "failover-switchover-and-fencing");
 }
+
+/// The contents of the fenced blocks of `text` whose language is one of `languages`.
+fn fenced_blocks(text: &str, languages: &[&str]) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(bool, String)> = None;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        match (&mut open, trimmed.strip_prefix("```")) {
+            (None, Some(language)) => open = Some((languages.contains(&language.trim()), String::new())),
+            (Some((wanted, block)), Some(_)) => {
+                if *wanted {
+                    blocks.push(std::mem::take(block));
+                }
+                open = None;
+            }
+            (Some((_, block)), None) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    blocks
+}
+
+/// The `dbservice-operator VERB [--flag]…` command lines of the manual's and the README's shell
+/// blocks (`sh` and unlabelled), placeholders and all: (page, verb, flags).
+fn command_lines() -> Vec<(String, String, Vec<String>)> {
+    let root = repository();
+    let mut files = pages();
+    files.push(root.join("README.md"));
+    let flag = regex::Regex::new(r"(^|\s|\[)(--[a-z][a-z-]*)").unwrap();
+    let mut lines = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let page = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+        for block in fenced_blocks(&text, &["sh", "bash", ""]) {
+            for line in block.lines() {
+                let command = line.split('#').next().unwrap_or_default().trim();
+                let Some(rest) = command.strip_prefix("dbservice-operator ") else { continue };
+                // `a | b NAME` in a synopsis names two verbs.
+                let mut tokens = rest.split_whitespace();
+                let mut verbs: Vec<String> = tokens.next().into_iter().map(String::from).collect();
+                while tokens.next() == Some("|") {
+                    verbs.extend(tokens.next().map(String::from));
+                }
+                let flags: Vec<String> = flag.captures_iter(rest).map(|found| found[2].to_string()).collect();
+                lines.extend(verbs.into_iter().map(|verb| (page.clone(), verb, flags.clone())));
+            }
+        }
+    }
+    lines
+}
+
+#[test]
+fn every_command_line_of_the_manual_names_a_verb_and_flags_the_binary_has() {
+    let lines = command_lines();
+    assert!(lines.len() >= 15, "only {} command lines found: the extraction broke", lines.len());
+    let mut wrong = Vec::new();
+    for (page, verb, flags) in lines {
+        {
+            let output = std::process::Command::new(env!("CARGO_BIN_EXE_dbservice-operator"))
+                .args([verb.as_str(), "--help"])
+                .output()
+                .expect("the binary runs");
+            let help = String::from_utf8_lossy(&output.stdout);
+            if !output.status.success() {
+                wrong.push(format!("{page}: no verb {verb}"));
+                continue;
+            }
+            for flag in flags.iter().filter(|flag| !help.contains(flag.as_str())) {
+                wrong.push(format!("{page}: {verb} has no {flag}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the manual names what the binary lacks:\n{}", wrong.join("\n"));
+}

@@ -244,6 +244,12 @@ pub struct DatabaseServiceStatus {
     /// When the last restart was made (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restart_at: Option<String>,
+    /// The `dbservice.dev/restart-requested-at` value last carried out (a rolling restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_requested: Option<String>,
+    /// The `dbservice.dev/reload-requested-at` value every instance has carried out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reloaded: Option<String>,
     /// When standbys were last scaled away (RFC 3339); the restore probe waits from here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded_at: Option<String>,

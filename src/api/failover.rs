@@ -13,6 +13,12 @@ pub const INSTANCE_REPORT_ANNOTATION: &str = "dbservice.dev/instance";
 pub const FENCED_ANNOTATION: &str = "dbservice.dev/fenced-instances";
 /// Annotation a person sets on a DatabaseService to switch over: the name of the standby to promote.
 pub const SWITCHOVER_ANNOTATION: &str = "dbservice.dev/switchover-to";
+/// Annotation a person sets on a DatabaseService for a rolling restart (standbys first, then a
+/// switchover, then the former primary): any new value (the plugin writes the time) asks again.
+pub const RESTART_ANNOTATION: &str = "dbservice.dev/restart-requested-at";
+/// Annotation a person sets on a DatabaseService to make every instance reload its configuration
+/// files and certificates: any new value (the plugin writes the time) asks again.
+pub const RELOAD_ANNOTATION: &str = "dbservice.dev/reload-requested-at";
 /// `targetPrimary` while a failover looks for the best standby.
 pub const PENDING: &str = "pending";
 
@@ -92,6 +98,10 @@ pub struct InstanceReport {
     /// new primary lacks (absent until it first did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discarded_on_rejoin: Option<DiscardedOnRejoin>,
+    /// The `dbservice.dev/reload-requested-at` value this instance has carried out (its reload, or
+    /// the start that read the files afresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reloaded: Option<String>,
 }
 
 /// What a former primary gave up when it rejoined as a standby of a new primary (issue 38): its

@@ -112,6 +112,9 @@ pub struct Agent<C> {
     handing_over: bool,
     /// The commits this former primary last gave up when it rejoined (reported).
     discarded_on_rejoin: Option<DiscardedOnRejoin>,
+    /// The `dbservice.dev/reload-requested-at` value carried out; None until the first desired
+    /// state was seen (the value then is covered by this start, which read the files afresh).
+    reloaded: Option<Option<String>>,
     /// The switchover target this primary waits for to catch up, and since when.
     catching_up: Option<(String, Instant)>,
 }
@@ -192,6 +195,7 @@ impl<C: ControlPlane> Agent<C> {
             upgrade: UpgradeKeeper::default(),
             handing_over: false,
             discarded_on_rejoin: None,
+            reloaded: None,
             catching_up: None,
         }
     }
@@ -365,6 +369,7 @@ impl<C: ControlPlane> Agent<C> {
         if matches!(local, LocalState::Ready(_)) {
             self.configuration.keep(&self.config, &mut self.postgres).await;
             self.keep_owned_settings().await;
+            self.keep_reload(desired).await;
         }
         self.declared.want(desired.declarations.as_ref());
         self.import.want(desired.import.as_ref());
@@ -520,6 +525,7 @@ impl<C: ControlPlane> Agent<C> {
             owned_settings_reverted: self.owned_settings.reverted().cloned(),
             waits_for: self.waits_for.clone().filter(|_| role == Role::Primary),
             discarded_on_rejoin: self.discarded_on_rejoin.clone(),
+            reloaded: self.reloaded.clone().flatten(),
         }
     }
 
@@ -1084,6 +1090,25 @@ impl<C: ControlPlane> Agent<C> {
         let settings: Vec<String> = put_backs.iter().map(|put_back| put_back.name().to_string()).collect();
         tracing::warn!(instance = %self.config.name, ?settings, "owned settings changed by ALTER SYSTEM: put back");
         self.owned_settings.put_back(settings);
+    }
+
+    /// `dbservice.dev/reload-requested-at`: a new value reloads the server (its configuration
+    /// files, pg_hba.conf and certificates are read again; nothing restarts).
+    async fn keep_reload(&mut self, desired: &Desired) {
+        let requested = &desired.reload_requested;
+        match &self.reloaded {
+            None => self.reloaded = Some(requested.clone()),
+            Some(done) if done == requested => {}
+            Some(_) if requested.is_none() => self.reloaded = Some(None),
+            Some(_) => match self.postgres.reload().await {
+                Ok(()) => {
+                    tracing::info!(instance = %self.config.name, ?requested, "reload requested: configuration reloaded");
+                    self.reloaded = Some(requested.clone());
+                }
+                // Tried again next step.
+                Err(error) => tracing::warn!(instance = %self.config.name, %error, "reload requested: reload failed"),
+            },
+        }
     }
 
     /// Reloads the server when the kubelet swapped in a renewed certificate: new connections

@@ -52,6 +52,7 @@ pub fn desired_from(status: &FailoverStatus, fenced: &[String], me: &str, domain
         declarations: None,
         import: None,
         major_upgrade: None,
+        reload_requested: None,
     }
 }
 
@@ -218,6 +219,8 @@ impl ControlPlane for KubeControlPlane {
             .as_ref()
             .and_then(|status| status.import.as_ref())
             .is_some_and(|import| import.phase == crate::api::import::ImportPhase::Completed);
+        desired.reload_requested =
+            kube::ResourceExt::annotations(database.as_ref()).get(crate::api::failover::RELOAD_ANNOTATION).cloned();
         desired.import =
             database.spec.bootstrap.as_ref().and_then(|bootstrap| bootstrap.import.clone()).filter(|_| !imported);
         desired.major_upgrade = database
@@ -341,6 +344,7 @@ mod tests {
                 declarations: None,
                 import: None,
                 major_upgrade: None,
+                reload_requested: None,
             }
         );
     }

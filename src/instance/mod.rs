@@ -167,6 +167,8 @@ pub struct Desired {
     pub import: Option<crate::api::import::ImportSpec>,
     /// An in-place major upgrade in progress (from `status.majorUpgrade`); None otherwise.
     pub major_upgrade: Option<crate::instance::upgrade_keeper::UpgradeInstruction>,
+    /// The `dbservice.dev/reload-requested-at` annotation's value, if any.
+    pub reload_requested: Option<String>,
 }
 
 /// The server configuration the user asked for (`spec.postgresql`).

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 /// Why a verb cannot be carried out, found before anything is written.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerbError {
     /// The instance named is not one of the database's.
     #[error("{instance} is not an instance of DatabaseService {database} (its instances are {instances})")]
@@ -30,6 +30,13 @@ fn awake(database: &DatabaseService) -> Result<(), VerbError> {
         return Err(VerbError::Hibernated(database.name_any()));
     }
     Ok(())
+}
+
+/// The merge patch of `restart` or `reload`: annotation `key` set to `value` (the plugin writes
+/// the time; any new value asks again).
+pub fn request_patch(database: &DatabaseService, key: &str, value: &str) -> Result<Value, VerbError> {
+    awake(database)?;
+    Ok(json!({"metadata": {"annotations": {key: value}}}))
 }
 
 /// The merge patch of `hibernate` (`true`) or `wake` (`false`): `spec.hibernated`.
@@ -154,8 +161,11 @@ mod tests {
         assert_eq!(switchover_patch(&sleeping, "1"), refused);
         assert_eq!(fence_patch(&sleeping, "1", true), refused);
         sleeping.spec.backup = Some(serde_json::from_value(json!({"objectStore": {"bucket": "b", "endpoint": "https://s3.example", "credentialsSecret": {"name": "s3"}}})).unwrap());
-        assert_eq!(backup_object(&sleeping, None, None, chrono::Utc::now()).map(drop), refused.map(drop));
+        assert_eq!(backup_object(&sleeping, None, None, chrono::Utc::now()).map(drop), refused.clone().map(drop));
         assert_eq!(hibernation_patch(false), json!({"spec": {"hibernated": false}}));
+        assert_eq!(request_patch(&sleeping, "k", "v"), refused);
+        let awake = database(2, &[]);
+        assert_eq!(request_patch(&awake, "k", "v"), Ok(json!({"metadata": {"annotations": {"k": "v"}}})));
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum PluginError {
     /// `hibernate --wait` or `wake --wait` did not see the phase in time.
     #[error("{name} did not reach phase {goal} within {seconds} s; see kubectl dbservice status {name}")]
     PhaseTimedOut { name: String, seconds: u64, goal: Phase },
+    /// `restart --wait` or `reload --wait` did not see it carried out in time.
+    #[error("the {verb} of {name} was not done within {seconds} s; see kubectl dbservice status {name}")]
+    RequestTimedOut { name: String, verb: &'static str, seconds: u64 },
     /// `psql` has no instance to open.
     #[error(transparent)]
     Psql(#[from] shell::PsqlError),
@@ -131,6 +134,59 @@ pub async fn hibernate(
         }
         if started.elapsed() >= timeout {
             return Err(PluginError::PhaseTimedOut { name: name.into(), seconds: timeout.as_secs(), goal });
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What `restart` and `reload` ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A rolling restart.
+    Restart,
+    /// A reload of every instance's configuration.
+    Reload,
+}
+
+/// `restart NAME` or `reload NAME`: writes the request's annotation with the time; with `wait`,
+/// follows it until the status says it was carried out (the rolling restart back to Running,
+/// every instance reloaded).
+pub async fn request(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    request: Request,
+    wait: Option<Duration>,
+) -> Result<String, PluginError> {
+    use crate::api::failover::{RELOAD_ANNOTATION, RESTART_ANNOTATION};
+    let database = database(&client, namespace, name).await?;
+    let (key, verb) = match request {
+        Request::Restart => (RESTART_ANNOTATION, "rolling restart"),
+        Request::Reload => (RELOAD_ANNOTATION, "reload"),
+    };
+    let value = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    patch(&client, &database, actions::request_patch(&database, key, &value)?).await?;
+    let Some(timeout) = wait else {
+        return Ok(format!(
+            "{verb} of {namespace}/{name} requested; follow it with: kubectl dbservice status {name} -n {namespace}"
+        ));
+    };
+    let databases: Api<DatabaseService> = Api::namespaced(client, namespace);
+    let started = std::time::Instant::now();
+    loop {
+        let current = databases.get(name).await.map_err(api_error(format!("cannot read {namespace}/{name}")))?;
+        let status = current.status.unwrap_or_default();
+        let done = match request {
+            Request::Restart => {
+                status.restart_requested.as_ref() == Some(&value) && status.phase == Some(Phase::Running)
+            }
+            Request::Reload => status.reloaded.as_ref() == Some(&value),
+        };
+        if done {
+            return Ok(format!("{verb} of {namespace}/{name} done in {:.1} s", started.elapsed().as_secs_f64()));
+        }
+        if started.elapsed() >= timeout {
+            return Err(PluginError::RequestTimedOut { name: name.into(), verb, seconds: timeout.as_secs() });
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

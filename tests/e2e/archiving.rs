@@ -41,6 +41,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         owned_settings_reverted: None,
         waits_for: None,
         discarded_on_rejoin: None,
+        reloaded: None,
         archiving: Some(archiving),
     }
 }

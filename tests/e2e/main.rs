@@ -11,6 +11,7 @@ mod healing;
 mod hibernation;
 mod instance_policy;
 mod leader;
+mod manual_examples;
 mod network_policy;
 #[path = "../support/object_store.rs"]
 mod object_store;

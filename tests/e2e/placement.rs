@@ -202,6 +202,7 @@ pub fn report(role: Role, received: Option<u64>) -> InstanceReport {
         owned_settings_reverted: None,
         waits_for: None,
         discarded_on_rejoin: None,
+        reloaded: None,
         archiving: None,
     }
 }

@@ -6,7 +6,9 @@ use crate::controller::wait_for_phase;
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
-use dbservice_operator::api::failover::{FENCED_ANNOTATION, SWITCHOVER_ANNOTATION};
+use dbservice_operator::api::failover::{
+    FENCED_ANNOTATION, RELOAD_ANNOTATION, RESTART_ANNOTATION, SWITCHOVER_ANNOTATION,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
@@ -80,8 +82,38 @@ async fn the_verbs_write_their_annotations_and_objects_and_refuse_what_does_not_
 
     let refused = failed(&verb(&kubeconfig, &["backup-now", "orders", "-n", ns]));
     assert!(refused.contains("has no spec.backup"), "{refused}");
+
+    // restart and reload write their annotation with the time; a new call writes a new value.
+    for (name, key) in [("restart", RESTART_ANNOTATION), ("reload", RELOAD_ANNOTATION)] {
+        let printed = succeeded(&verb(&kubeconfig, &[name, "orders", "-n", ns]));
+        assert!(printed.contains("requested"), "{printed}");
+        let first = annotation(&databases.get("orders").await.unwrap(), key).expect("the annotation");
+        assert!(chrono::DateTime::parse_from_rfc3339(&first).is_ok(), "{key}: {first}");
+        succeeded(&verb(&kubeconfig, &[name, "orders", "-n", ns]));
+        assert_ne!(annotation(&databases.get("orders").await.unwrap(), key), Some(first), "asked again");
+    }
+    // hibernate and wake set spec.hibernated; the verbs that need instances refuse meanwhile.
+    succeeded(&verb(&kubeconfig, &["hibernate", "orders", "-n", ns]));
+    assert_eq!(databases.get("orders").await.unwrap().spec.hibernated, Some(true));
+    let refused = failed(&verb(&kubeconfig, &["restart", "orders", "-n", ns]));
+    assert!(refused.contains("DatabaseService orders is hibernated"), "{refused}");
+    succeeded(&verb(&kubeconfig, &["wake", "orders", "-n", ns]));
+    assert_eq!(databases.get("orders").await.unwrap().spec.hibernated, Some(false));
     let missing = failed(&verb(&kubeconfig, &["fence", "no-such-database", "0", "-n", ns]));
     assert!(missing.contains(&format!("no DatabaseService \"no-such-database\" in namespace \"{ns}\"")), "{missing}");
+
+    // Without -n, the kubeconfig context's namespace, as kubectl.
+    let directory = tempfile::tempdir().unwrap();
+    let contextual = directory.path().join("kubeconfig");
+    std::fs::copy(&kubeconfig, &contextual).unwrap();
+    let set = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["config", "set-context", "--current", "--namespace", ns])
+        .env("KUBECONFIG", &contextual)
+        .output()
+        .unwrap();
+    succeeded(&set);
+    let shown = succeeded(&verb(&contextual, &["status", "orders", "-o", "json"]));
+    assert!(shown.contains("\"currentPrimary\""), "found in the context's namespace: {shown}");
 
     // The plugin is the same binary installed as kubectl-dbservice.
     let plugins = tempfile::tempdir().unwrap();

@@ -15,6 +15,7 @@ mod diagnostics;
 mod environment;
 mod failover;
 mod faults;
+mod hibernation;
 mod import;
 mod majors;
 mod monitoring;

@@ -1,14 +1,17 @@
 //! The `kubectl dbservice` verbs that touch PostgreSQL, on real pods: `psql` into the primary, a
 //! standby and as the superuser, `logs` of every instance prefixed, `switchover` carried out by the
-//! operator, and `report` with the instances' logs and no value of the database's Secrets.
+//! operator, a rolling `restart` (the standby before the primary) and a `reload` (every instance
+//! reads its files again), and `report` with the instances' logs and no value of the database's
+//! Secrets.
 
 use crate::environment::{
     admin_client, install_chart, password_of, real_database, real_namespace, real_node_or_skip, wait_running,
 };
 use crate::support::{admin_kubeconfig, eventually, tool};
 use dbservice_operator::api::database_service::DatabaseService;
-use kube::api::PostParams;
-use kube::Api;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
 use std::process::Output;
 use std::time::Duration;
 
@@ -27,8 +30,10 @@ fn succeeded(output: &Output) -> String {
 }
 
 #[tokio::test]
-async fn psql_logs_switchover_and_report_work_on_real_pods() {
-    let Some(node) = real_node_or_skip("psql_logs_switchover_and_report_work_on_real_pods") else { return };
+async fn psql_logs_switchover_restart_reload_and_report_work_on_real_pods() {
+    let Some(node) = real_node_or_skip("psql_logs_switchover_restart_reload_and_report_work_on_real_pods") else {
+        return;
+    };
     install_chart(node);
     let client = admin_client().await;
     let namespace = real_namespace(&client, "plugin").await;
@@ -65,7 +70,34 @@ async fn psql_logs_switchover_and_report_work_on_real_pods() {
     let after = succeeded(&verb(&["psql", "pg", "-n", ns, "--", "-Atc", "select pg_is_in_recovery()"]));
     assert_eq!(after.trim(), "f", "psql follows the new primary");
 
+    // A rolling restart: every pod replaced, the standby before the primary (which is switched
+    // away from first); then a reload: every instance reads its files again, nothing restarts.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let uids =
+        |listed: &[Pod]| listed.iter().map(|pod| (pod.name_any(), pod.uid().unwrap_or_default())).collect::<Vec<_>>();
+    let before = uids(&pods.list(&ListParams::default().labels("app.kubernetes.io/instance=pg")).await.unwrap().items);
+    let primary = databases.get("pg").await.unwrap().status.unwrap().failover.current_primary.unwrap();
+    let restarted = succeeded(&verb(&["restart", "pg", "-n", ns, "--wait", "--wait-seconds", "300"]));
+    assert!(restarted.contains("rolling restart of"), "{restarted}");
+    let after = pods.list(&ListParams::default().labels("app.kubernetes.io/instance=pg")).await.unwrap().items;
+    for (name, uid) in &before {
+        let now = after.iter().find(|pod| &pod.name_any() == name).expect("the pod is back");
+        assert_ne!(now.uid().as_ref(), Some(uid), "{name} was replaced");
+    }
+    let created = |name: &str| after.iter().find(|pod| pod.name_any() == name).unwrap().creation_timestamp().unwrap();
+    let standby = if primary == "pg-0" { "pg-1" } else { "pg-0" };
+    assert!(created(standby) < created(&primary), "the standby {standby} restarted before the primary {primary}");
+    let loaded = "select pg_conf_load_time()";
+    let load_times = |instance: &'static str| {
+        succeeded(&verb(&["psql", "pg", "-n", ns, "--instance", instance, "--superuser", "--", "-Atc", loaded]))
+    };
+    let (zero, one) = (load_times("0"), load_times("1"));
+    let reloaded = succeeded(&verb(&["reload", "pg", "-n", ns, "--wait", "--wait-seconds", "120"]));
+    assert!(reloaded.contains("reload of"), "{reloaded}");
+    assert!(load_times("0") != zero && load_times("1") != one, "both instances read their files again");
+
     let bundle = succeeded(&verb(&["report", "pg", "-n", ns]));
+    assert!(bundle.contains("RestartRequested") && bundle.contains("Reloaded"), "the requests are in the Events");
     assert!(bundle.contains("[pg-0/postgres] ") && bundle.contains("[pg-1/postgres] "), "the instances' logs");
     assert!(bundle.contains("SwitchoverCompleted"), "the switchover is in the Events");
     let password = password_of(&client, ns, "pg").await;

@@ -147,6 +147,8 @@ pub struct World {
     pub import: Option<dbservice_operator::api::import::ImportSpec>,
     /// The Secrets the agents may read (the declared roles' passwords).
     pub secrets: dbservice_operator::instance::SecretReader,
+    /// The `dbservice.dev/reload-requested-at` annotation as the agents see it.
+    pub reload_requested: Option<String>,
 }
 
 pub type SharedWorld = Arc<Mutex<World>>;
@@ -202,6 +204,7 @@ impl ControlPlane for MemoryControlPlane {
             declarations: world.declarations.clone(),
             import: world.import.clone(),
             major_upgrade: None,
+            reload_requested: world.reload_requested.clone(),
         })
     }
 

@@ -160,6 +160,13 @@ pub fn decide(input: &DecideInput) -> Decision {
     let plan = plan_rollout(input, &pods, live_stateful_set, &mut status, &mut journal);
     let failover = failover_step(input, &pods, &plan.rolling, held_by_wake, &mut status, &mut journal);
     tell_instance_changes(&old_status.instances, &status.instances, &mut journal, generation, now);
+    crate::operator::database::requests::decide_requested_reload(
+        database,
+        &observed.pods,
+        &mut status,
+        &mut journal,
+        now,
+    );
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);
@@ -216,7 +223,7 @@ fn hibernated(
     pods: &[PodHealth],
 ) -> Decision {
     let DecideInput { database, observed, settings, now, .. } = *input;
-    hibernation::decide_hibernating(database, pods, &mut status, &mut journal, now);
+    hibernation::decide_hibernating(database, pods, observed.pooler_pods, &mut status, &mut journal, now);
     let live = observed.stateful_set.as_deref().and_then(|live| live.expand());
     let inputs = WorkloadInputs {
         // The image it ran: nothing rolls while nothing runs (admission keeps the version).
@@ -249,8 +256,9 @@ fn hibernated(
             && old_status.observed_generation == database.metadata.generation
             && old_status.phase == Some(Phase::Hibernated),
     };
-    // Stopping pods wake the controller; once none is left there is nothing to watch for.
-    let requeue = if pods.is_empty() { Duration::from_secs(300) } else { Duration::from_secs(5) };
+    // The pooler's pods are not watched: looked at again until none is left.
+    let requeue =
+        if pods.is_empty() && observed.pooler_pods == 0 { Duration::from_secs(300) } else { Duration::from_secs(5) };
     Decision { status, journal, workload: Some(workload), requeue: Some(requeue), archiving: ArchivingHealth::Unknown }
 }
 
@@ -292,6 +300,9 @@ fn plan_rollout(
         journal,
     );
     rollout.replicas = rollout.replicas.max(replicas_keeping_the_primary(&status.failover));
+    if crate::operator::database::requests::decide_requested_restart(database, status, journal, now) {
+        rollout.changed_workload = true;
+    }
     let inputs = WorkloadInputs {
         image: rollout.image.clone(),
         replicas: rollout.replicas,

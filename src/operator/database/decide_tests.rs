@@ -627,6 +627,10 @@ fn hibernation_stops_every_instance_keeps_the_rest_and_says_so_once_each() {
 
     let mut asleep = DatabaseService { status: Some(again.status.clone()), ..still_stopping.clone() };
     asleep.metadata.generation = Some(2);
+    // The pooler's pods drain for a while after its Deployment went to 0: not asleep yet.
+    let draining = run(&asleep, &Observed { pooler_pods: 2, ..steady(&asleep, Vec::new()) });
+    assert_eq!(draining.status.phase, Some(Phase::Hibernating));
+    assert_eq!(draining.requeue, Some(std::time::Duration::from_secs(5)), "pooler pods are not watched");
     let decision = run(&asleep, &steady(&asleep, Vec::new()));
     assert_eq!(decision.status.phase, Some(Phase::Hibernated));
     assert_eq!(condition(&decision, "Hibernated"), Some(("True", "Hibernated")));

@@ -32,18 +32,19 @@ fn seconds_since_change(status: &DatabaseServiceStatus, now: DateTime<Utc>) -> O
     Some((now - since).num_seconds().max(0))
 }
 
-/// A hibernated database's status: Hibernating while `pods_left` instances stop, Hibernated once
-/// none is left; told once each (condition, Event, ledger entry).
+/// A hibernated database's status: Hibernating while its pods or its pooler's stop, Hibernated
+/// once none is left; told once each (condition, Event, ledger entry).
 pub fn decide_hibernating(
     database: &DatabaseService,
     pods: &[PodHealth],
+    pooler_pods: usize,
     status: &mut DatabaseServiceStatus,
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) {
     let generation = database.metadata.generation.unwrap_or(0);
     let primary = status.failover.current_primary.clone().unwrap_or_default();
-    let pods_left = pods.len();
+    let pods_left = pods.len() + pooler_pods;
     let was_hibernating = conditions::is_true(&status.conditions, types::HIBERNATED);
     let transition = if pods_left > 0 {
         Transition {
@@ -52,7 +53,7 @@ pub fn decide_hibernating(
             condition_reason: "Hibernating",
             event_reason: "Hibernating",
             warning: false,
-            message: format!("hibernating: {pods_left} instances stopping; the data stays on the volumes"),
+            message: format!("hibernating: {pods_left} pods stopping; the data stays on the volumes"),
             entry: Some(LedgerEntry::at(now, generation, "Hibernating", primary.clone(), "", "instances stopping")),
         }
     } else {
@@ -78,7 +79,7 @@ pub fn decide_hibernating(
     status.phase = Some(if pods_left > 0 { Phase::Hibernating } else { Phase::Hibernated });
     status.observed_generation = Some(generation);
     status.ready_replicas = pods.iter().filter(|pod| pod.ready && !pod.terminating).count() as i32;
-    if pods_left == 0 {
+    if pods.is_empty() {
         status.instances.clear();
     }
     let message = "hibernated by spec.hibernated".to_string();

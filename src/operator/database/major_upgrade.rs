@@ -540,6 +540,7 @@ mod tests {
             owned_settings_reverted: None,
             waits_for: None,
             discarded_on_rejoin: None,
+            reloaded: None,
         }
     }
 

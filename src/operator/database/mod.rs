@@ -33,6 +33,7 @@ pub mod pooler;
 mod reconcile;
 pub mod recovery;
 pub mod recovery_source;
+pub mod requests;
 pub mod settings;
 pub mod stateful_set_replacement;
 pub mod summary;

@@ -21,6 +21,8 @@ use std::sync::Arc;
 /// The observed children of one DatabaseService.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
+    /// Pooler pods left while the database hibernates (0 otherwise: they are not cached).
+    pub pooler_pods: usize,
     /// StatefulSet NAME.
     pub stateful_set: Option<Arc<Compact<StatefulSet>>>,
     /// Services by name.
@@ -77,6 +79,7 @@ pub fn from_caches(database: &DatabaseService, stores: &Stores) -> Observed {
         })
         .collect();
     Observed {
+        pooler_pods: 0,
         stateful_set: cached(&stores.stateful_sets, &namespace, &name),
         services,
         scripts: cached(&stores.config_maps, &namespace, &ChildNames::scripts(&name)),
@@ -155,6 +158,28 @@ pub async fn unlabelled_pods(
 /// Fills [`Observed::primary_lease`] when the failover step needs it or `clock` says it lapsed (a
 /// GET, never in a steady pass), and [`Observed::primary_lease_lapsed`] when the version read is
 /// the one that lapsed.
+/// A hibernating database with a pooler: its pooler pods still there (they drain for a while
+/// after the Deployment went to 0), which the caches do not hold. One LIST, only then.
+pub async fn pooler_pods_left(
+    database: &DatabaseService,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
+    if !database.spec.is_hibernated() || database.spec.pooler.is_none() {
+        return Ok(());
+    }
+    let namespace = database.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let selector = crate::operator::database::build::pooler::pooler_pod_labels(&database.name_any())
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let listed = pods.list_metadata(&kube::api::ListParams::default().labels(&selector).limit(100)).await?;
+    observed.pooler_pods = listed.items.len();
+    Ok(())
+}
+
 pub async fn primary_lease(
     database: &DatabaseService,
     observed: &mut Observed,

@@ -13,7 +13,9 @@ use crate::operator::database::decide::{
 };
 use crate::operator::database::error::ReconcileError;
 use crate::operator::database::failover::clock::running_timer;
-use crate::operator::database::observe::{from_caches, primary_lease, storage_classes, unlabelled_pods, Observed};
+use crate::operator::database::observe::{
+    from_caches, pooler_pods_left, primary_lease, storage_classes, unlabelled_pods, Observed,
+};
 use crate::operator::database::recovery_source;
 use crate::operator::journal::{now, Journal};
 use crate::operator::publish::{publish, publish_applied};
@@ -183,6 +185,7 @@ async fn observe(database: &DatabaseService, context: &PassContext) -> Result<Ob
     storage_classes(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     unlabelled_pods(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, client, &context.lease_clock).await.map_err(ReconcileError::Observe)?;
+    pooler_pods_left(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     crate::operator::database::observe::pre_upgrade_backup(database, &mut observed, client)
         .await
         .map_err(ReconcileError::Observe)?;

@@ -34,6 +34,7 @@ fn primary_report() -> InstanceReport {
         owned_settings_reverted: None,
         waits_for: None,
         discarded_on_rejoin: None,
+        reloaded: None,
     }
 }
 
