@@ -71,3 +71,39 @@ fn every_dashboard_panel_queries_exported_metrics() {
         }
     }
 }
+
+/// The dashboard's panels as (title, x, y, w, h) of Grafana's 24-column grid.
+fn panel_boxes(dashboard: &serde_json::Value) -> Vec<(String, i64, i64, i64, i64)> {
+    let panels = dashboard["panels"].as_array().unwrap();
+    panels
+        .iter()
+        .map(|panel| {
+            let position = &panel["gridPos"];
+            let at = |key: &str| position[key].as_i64().unwrap_or_else(|| panic!("{panel}: gridPos.{key}"));
+            (panel["title"].as_str().unwrap().to_string(), at("x"), at("y"), at("w"), at("h"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_dashboard_panels_fit_the_grid_without_overlapping() {
+    let text = std::fs::read_to_string(format!("{CHART}/database-dashboard.json")).unwrap();
+    let boxes = panel_boxes(&serde_json::from_str(&text).unwrap());
+    for (title, x, _, w, h) in &boxes {
+        assert!(*x >= 0 && x + w <= 24 && *w > 0 && *h > 0, "{title} leaves the 24 columns");
+    }
+    for (index, (a, ax, ay, aw, ah)) in boxes.iter().enumerate() {
+        for (b, bx, by, bw, bh) in &boxes[index + 1..] {
+            let apart = ax + aw <= *bx || bx + bw <= *ax || ay + ah <= *by || by + bh <= *ay;
+            assert!(apart, "panels {a:?} and {b:?} overlap");
+        }
+    }
+    // The manual's picture of the dashboard (made by the real-node monitoring test) shows every
+    // panel of this file: a panel added or renamed since needs the picture made again.
+    let picture = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/manual/src/images/dashboard.svg"))
+        .expect("docs/manual/src/images/dashboard.svg (DBSERVICE_WRITE_PICTURES=1 cargo test --test real_node prometheus_scrapes)");
+    for (title, ..) in &boxes {
+        let escaped = title.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+        assert!(picture.contains(&format!(">{escaped}<")), "the picture lacks panel {title:?}");
+    }
+}

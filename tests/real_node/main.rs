@@ -11,6 +11,7 @@
 mod backups;
 mod configuration;
 mod credentials;
+mod dashboard_picture;
 mod diagnostics;
 mod environment;
 mod failover;

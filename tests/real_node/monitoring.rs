@@ -244,6 +244,7 @@ async fn prometheus_scrapes_the_agents_runs_every_panel_and_fires_the_alerts_of_
         &scrape_config(&monitoring.pod_monitor, bed.ns(), &kubeconfig),
         &shortened(&monitoring.rules),
     );
+    let watched_from = crate::failover::epoch_now();
     let primary = bed.primary().await;
     let standby = bed.other_than(&primary);
 
@@ -322,6 +323,43 @@ async fn prometheus_scrapes_the_agents_runs_every_panel_and_fires_the_alerts_of_
     let replication = prometheus.firing("DBServiceReplicationBroken", Duration::from_secs(180)).await;
     assert_eq!(replication["pod"], standby.as_str(), "{replication}");
     eprintln!("[monitoring] DBServiceReplicationBroken fired for {standby}");
+    picture_of_the_dashboard(&prometheus, &monitoring.dashboard, watched_from).await;
+}
+
+/// Draws the dashboard from what Prometheus recorded since `from` (epoch seconds), asserting
+/// every panel has something to draw: `target/dashboard.svg`, and with
+/// `DBSERVICE_WRITE_PICTURES=1` the manual's `images/dashboard.svg`.
+async fn picture_of_the_dashboard(prometheus: &Prometheus, dashboard: &Value, from: f64) {
+    use crate::dashboard_picture::{legend, render};
+    let to = crate::failover::epoch_now();
+    let (start, end, step) =
+        (format!("{from:.0}"), format!("{to:.0}"), format!("{:.0}", ((to - from) / 150.0).max(2.0)));
+    let mut panels = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let mut series = Vec::new();
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expression = target["expr"].as_str().unwrap().replace("$__rate_interval", "1m");
+            let range = [("query", expression.as_str()), ("start", &start), ("end", &end), ("step", &step)];
+            let data = prometheus.get("/api/v1/query_range", &range).await.expect("prometheus answers");
+            for result in data["result"].as_array().into_iter().flatten() {
+                let points = result["values"].as_array().into_iter().flatten().filter_map(|pair| {
+                    Some((pair[0].as_f64()?, pair[1].as_str()?.parse::<f64>().ok().filter(|value| value.is_finite())?))
+                });
+                let label = legend(target["legendFormat"].as_str().unwrap_or_default(), &result["metric"]);
+                series.push((label, points.collect::<Vec<_>>()));
+            }
+        }
+        let title = panel["title"].as_str().unwrap_or_default();
+        assert!(series.iter().any(|(_, points)| !points.is_empty()), "panel {title:?} has nothing to draw");
+        panels.push(series);
+    }
+    let picture = render(dashboard, &panels);
+    std::fs::create_dir_all(repository().join("target")).unwrap();
+    std::fs::write(repository().join("target/dashboard.svg"), &picture).unwrap();
+    if std::env::var("DBSERVICE_WRITE_PICTURES").as_deref() == Ok("1") {
+        std::fs::write(repository().join("docs/manual/src/images/dashboard.svg"), &picture).unwrap();
+    }
+    eprintln!("[monitoring] the dashboard drawn from {:.0} s of data: target/dashboard.svg", to - from);
 }
 
 /// `rules` with `from` replaced by `to` in alert `alert`'s expression (exactly once): a threshold
