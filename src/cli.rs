@@ -274,6 +274,9 @@ pub struct LedgerArgs {
     /// else `default`).
     #[arg(short, long, env = "DBSERVICE_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Print the entries (or backups) as data (json or yaml) instead of a table.
+    #[arg(short, long, value_enum)]
+    pub output: Option<crate::plugin::output::OutputFormat>,
 }
 
 /// Arguments of the verbs that name one instance of a DatabaseService.

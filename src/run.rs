@@ -208,7 +208,11 @@ pub fn certs(args: CertsArgs) -> anyhow::Result<()> {
 pub async fn backups(args: LedgerArgs) -> anyhow::Result<()> {
     let client = people_client().await?;
     let namespace = namespace_of(&args.namespace, &client);
-    Ok(crate::store::inventory::print_backups(client, &namespace, &args.name).await?)
+    let render = args
+        .output
+        .map(|format| move |document: &serde_json::Value| crate::plugin::output::render_document(document, format));
+    let as_data = render.as_ref().map(|render| render as &dyn Fn(&serde_json::Value) -> String);
+    Ok(crate::store::inventory::print_backups(client, &namespace, &args.name, as_data).await?)
 }
 
 /// The namespace a person named, else the kubeconfig context's (in a pod its own), else
@@ -366,6 +370,17 @@ pub async fn ledger(args: LedgerArgs) -> anyhow::Result<()> {
     let ledger = config_maps.get_opt(&ChildNames::ledger(&args.name)).await?;
     if database.is_none() && ledger.is_none() {
         anyhow::bail!("no DatabaseService {:?} and no ledger in namespace {:?}", args.name, namespace);
+    }
+    if let Some(format) = args.output {
+        let entries = ledger
+            .as_ref()
+            .and_then(|config_map| config_map.data.as_ref())
+            .and_then(|data| data.get(LEDGER_KEY))
+            .map(|text| parse(text))
+            .unwrap_or_default();
+        let document = serde_json::json!({"name": args.name, "namespace": namespace, "entries": entries});
+        print!("{}", crate::plugin::output::render_document(&document, format));
+        return Ok(());
     }
     match &database {
         Some(database) => {

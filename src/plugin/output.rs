@@ -39,10 +39,14 @@ pub fn status_document(view: &StatusView) -> Value {
 
 /// The document in `format`.
 pub fn render(view: &StatusView, format: OutputFormat) -> String {
-    let document = status_document(view);
+    render_document(&status_document(view), format)
+}
+
+/// Any document in `format` (the ledger's and the backups' too).
+pub fn render_document(document: &Value, format: OutputFormat) -> String {
     match format {
-        OutputFormat::Json => serde_json::to_string_pretty(&document).unwrap_or_default() + "\n",
-        OutputFormat::Yaml => crate::api::yaml::to_string(&document).unwrap_or_default(),
+        OutputFormat::Json => serde_json::to_string_pretty(document).unwrap_or_default() + "\n",
+        OutputFormat::Yaml => crate::api::yaml::to_string(document).unwrap_or_default(),
     }
 }
 

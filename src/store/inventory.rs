@@ -150,7 +150,12 @@ pub fn render(backups: &[BackupManifest]) -> String {
 }
 
 /// Prints the backups and the recoverable window of `name` in `namespace`.
-pub async fn print_backups(client: kube::Client, namespace: &str, name: &str) -> Result<(), ListDatabaseBackupsError> {
+pub async fn print_backups(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    as_data: Option<&dyn Fn(&serde_json::Value) -> String>,
+) -> Result<(), ListDatabaseBackupsError> {
     let databases: kube::Api<DatabaseService> = kube::Api::namespaced(client.clone(), namespace);
     let database = databases
         .get_opt(name)
@@ -166,6 +171,18 @@ pub async fn print_backups(client: kube::Client, namespace: &str, name: &str) ->
     let backups = list_backups(&s3, &layout).await?;
     let wal = list_wal(&s3, &layout).await?;
     let window = recoverable_window(&backups, &wal);
+    if let Some(render) = as_data {
+        let document = serde_json::json!({
+            "name": name, "namespace": namespace,
+            "store": {"endpoint": store.object_store.endpoint, "bucket": store.object_store.bucket, "root": layout.root()},
+            "firstRecoverabilityPoint": window.first_recoverability_point,
+            "lastArchivedWalTime": window.last_archived_wal_time,
+            "walFiles": wal.len(),
+            "backups": backups,
+        });
+        print!("{}", render(&document));
+        return Ok(());
+    }
     let time = |time: Option<chrono::DateTime<chrono::Utc>>| {
         time.map(|time| time.format("%Y-%m-%dT%H:%M:%SZ").to_string()).unwrap_or_else(|| "-".to_string())
     };

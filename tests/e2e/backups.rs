@@ -63,6 +63,15 @@ async fn backups_lists_the_backups_and_window_of_a_database_service() {
     {
         assert!(row.contains(field), "{field} missing from {row}");
     }
+    // The same as data, for scripts.
+    let data = Command::new(BINARY)
+        .args(["backups", "orders", "-n", &namespace.name, "-o", "json"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let document: serde_json::Value = serde_json::from_slice(&data.stdout).expect("backups -o json is JSON");
+    assert_eq!(document["firstRecoverabilityPoint"], "2026-12-01T00:05:00Z", "{document}");
+    assert_eq!((document["backups"].as_array().map(Vec::len), document["walFiles"].as_u64()), (Some(1), Some(1)));
     let missing = run("nothing-here");
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no DatabaseService \"nothing-here\""));

@@ -112,6 +112,9 @@ async fn the_verbs_write_their_annotations_and_objects_and_refuse_what_does_not_
         .output()
         .unwrap();
     succeeded(&set);
+    let ledger = succeeded(&verb(&contextual, &["ledger", "orders", "-o", "json"]));
+    let ledger: serde_json::Value = serde_json::from_str(&ledger).expect("ledger -o json is JSON");
+    assert_eq!(ledger["entries"][0]["action"], "Created", "{ledger}");
     let shown = succeeded(&verb(&contextual, &["status", "orders", "-o", "json"]));
     assert!(shown.contains("\"currentPrimary\""), "found in the context's namespace: {shown}");
 
