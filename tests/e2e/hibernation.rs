@@ -48,9 +48,12 @@ async fn publish_reports(client: &Client, namespace: &str) {
     }
 }
 
+/// The pods of the database and of its pooler (a scheduled backup's finished Job pod may stay).
 async fn pods_of(client: &Client, namespace: &str) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods.list(&ListParams::default()).await.map(|list| list.items).unwrap_or_default()
+    let listed = pods.list(&ListParams::default()).await.map(|list| list.items).unwrap_or_default();
+    let ours = |name: &str| ["sleepy-0", "sleepy-1"].contains(&name) || name.starts_with("sleepy-pooler-");
+    listed.into_iter().filter(|pod| ours(&pod.name_any())).collect()
 }
 
 async fn backup_names(client: &Client, namespace: &str) -> BTreeSet<String> {
