@@ -265,13 +265,34 @@ pub fn trust_database_ca(pod: &mut serde_json::Value, database: &str) {
 static CLIENT_COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs `sql` with psql in a pod of `namespace` (credentials from the DatabaseService's Secret, never on a
-/// command line). Ok(output) when psql exits 0, Err(log) otherwise.
+/// command line). Ok(output) when psql exits 0, Err(log) otherwise. A Service that refuses the
+/// connection is tried again for up to 20 s: right after a database says Running, kube-proxy may
+/// not have programmed its Service's new endpoint yet (an endpointless Service rejects at once).
 pub async fn psql(
     client: &Client,
     node: &RealNode,
     namespace: &str,
     database: &str,
     target: Target<'_>,
+    sql: &str,
+) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match psql_once(client, node, namespace, database, &target, sql).await {
+            Err(log) if log.contains("Connection refused") && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn psql_once(
+    client: &Client,
+    node: &RealNode,
+    namespace: &str,
+    database: &str,
+    target: &Target<'_>,
     sql: &str,
 ) -> Result<String, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);

@@ -63,6 +63,13 @@ pub fn keep_durability(
             status.failover.primary_waits_for = None;
         }
     }
+    // The list is the word of the primary that gave it: after a failover, the new primary is in
+    // its predecessor's list and never waits for itself, so until it speaks it waits for the
+    // others only (none, with two instances: the condition says so, and says nothing stale).
+    let current = status.failover.current_primary.clone();
+    if let Some(members) = status.failover.primary_waits_for.as_mut() {
+        members.retain(|member| Some(member) != current.as_ref());
+    }
     if asked.mode == DataDurability::Preferred {
         follow_primary(primary.and_then(|report| report.waits_for.clone()), status, journal, generation, now);
     }
@@ -256,6 +263,21 @@ mod tests {
         assert_eq!(journal.reasons(), [RESTORED]);
         assert!(!journal.events[0].warning);
         assert_eq!(status.failover.primary_waits_for, Some(vec!["db-1".to_string()]));
+    }
+
+    #[test]
+    fn after_a_failover_the_new_primary_is_not_counted_as_its_own_standby() {
+        // db-0 waited for db-1; db-1 is the primary now and has not said whom it waits for.
+        let mut status = running();
+        status.durability = Some(PREFERRED);
+        status.failover.primary_waits_for = Some(vec!["db-1".into()]);
+        status.failover.current_primary = Some("db-1".into());
+        let (status, _) = pass(&database_with(status), None);
+        assert_eq!(condition(&status), Some(("False".into(), "PrimaryAlone".into())), "no stale True");
+        assert_eq!(synchronous_in_force(&database_with(status.clone()), &status), (0, None));
+        // Its own word restores the condition.
+        let (status, _) = pass(&database_with(status), Some(&report(Some(&["db-0"]))));
+        assert_eq!(condition(&status), Some(("True".into(), "StandbysConfirm".into())));
     }
 
     #[test]
