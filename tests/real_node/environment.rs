@@ -368,6 +368,18 @@ pub fn psql_in_instance(namespace: &str, pod: &str, sql: &str) -> String {
     ])
 }
 
+/// [`psql_in_instance`] that says None instead of failing: for polls, where the server may be
+/// starting or restarting (its socket closing a connection is no answer yet).
+pub fn try_psql_in_instance(namespace: &str, pod: &str, sql: &str) -> Option<String> {
+    let output = std::process::Command::new(crate::support::tool("kubectl"))
+        .args(["-n", namespace, "exec", pod, "-c", "postgres", "--", "psql", "-X", "-h", "/var/run/postgresql"])
+        .args(["-U", "postgres", "-d", "app", "-Atc", sql])
+        .env("KUBECONFIG", crate::support::admin_kubeconfig().expect("cluster"))
+        .output()
+        .ok()?;
+    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).to_string())
+}
+
 /// The DatabaseService's password, for the checks that it appears nowhere it must not.
 pub async fn password_of(client: &Client, namespace: &str, database: &str) -> String {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);

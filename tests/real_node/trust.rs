@@ -7,7 +7,8 @@
 
 use crate::backups::BRIDGE_ADDRESS;
 use crate::environment::{
-    admin_client, install_chart, psql_in_instance, real_database, real_namespace, real_node_or_skip, wait_running,
+    admin_client, install_chart, psql_in_instance, real_database, real_namespace, real_node_or_skip,
+    try_psql_in_instance, wait_running,
 };
 use crate::support::operator::RELEASE_NAMESPACE;
 use crate::support::{eventually, repository};
@@ -148,8 +149,9 @@ async fn a_terminating_database_service_takes_no_escalating_grant() {
     wait_running(&client, ns, "held", 1, Duration::from_secs(300)).await;
     let member = "SELECT pg_has_role('reporting', 'pg_execute_server_program', 'MEMBER')";
     eventually("the declared role exists", Duration::from_secs(120), || async {
-        (psql_in_instance(ns, "held-0", "SELECT count(*) FROM pg_roles WHERE rolname = 'reporting'").trim() == "1")
-            .then_some(())
+        // The server may restart meanwhile (a poll takes a closed socket for "not yet").
+        let count = try_psql_in_instance(ns, "held-0", "SELECT count(*) FROM pg_roles WHERE rolname = 'reporting'")?;
+        (count.trim() == "1").then_some(())
     })
     .await;
 
