@@ -9,9 +9,6 @@ use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, database_from_yaml, eventually, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
 use dbservice_operator::api::database_service_backup::DatabaseServiceBackup;
-use dbservice_operator::api::failover::Role;
-use dbservice_operator::instance::kubernetes::KubeControlPlane;
-use dbservice_operator::instance::ControlPlane;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -28,24 +25,6 @@ fn sleepy() -> DatabaseService {
          objectStore: {endpoint: \"http://127.0.0.1:9\", bucket: backups, path: sleepy, credentialsSecret: {name: s3}}\n    \
          schedule: \"* * * * *\"\n",
     )
-}
-
-/// Publishes the reports an agent would: sleepy-0 the primary, sleepy-1 its standby.
-async fn publish_reports(client: &Client, namespace: &str) {
-    for (pod, role) in [("sleepy-0", Role::Primary), ("sleepy-1", Role::Standby)] {
-        let agent = KubeControlPlane::new(
-            client.clone(),
-            client.clone(),
-            namespace,
-            "sleepy",
-            pod,
-            5432,
-            Duration::from_secs(15),
-            Duration::from_secs(10),
-        );
-        let received = (role == Role::Standby).then_some(0x300_0000);
-        agent.publish(&crate::placement::report(role, received)).await.unwrap();
-    }
 }
 
 /// The pods of the database and of its pooler (a scheduled backup's finished Job pod may stay).
@@ -86,7 +65,7 @@ async fn hibernation_stops_the_pods_keeps_the_rest_and_waking_holds_failover_for
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), &ns);
     databases.create(&PostParams::default(), &sleepy()).await.unwrap();
     wait_for_phase(&databases, "sleepy", Phase::Running, Duration::from_secs(180)).await;
-    publish_reports(&client, &ns).await;
+    crate::placement::publish_primary_and_standby(&client, &ns, "sleepy").await;
     eventually("failover engaged", Duration::from_secs(60), || async {
         databases.get("sleepy").await.ok()?.status?.failover.timeline.map(drop)
     })
@@ -145,7 +124,7 @@ async fn hibernation_stops_the_pods_keeps_the_rest_and_waking_holds_failover_for
         (Some("sleepy-0"), Some("sleepy-0")),
         "no failover while the primary starts"
     );
-    publish_reports(&client, &ns).await;
+    crate::placement::publish_primary_and_standby(&client, &ns, "sleepy").await;
     let awake = eventually("the wake ends with the primary back", Duration::from_secs(60), || async {
         let database = databases.get("sleepy").await.ok()?;
         condition(&database, "Hibernated").is_none().then_some(database)

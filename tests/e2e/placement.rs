@@ -182,6 +182,25 @@ async fn placement_reaches_the_pods_and_the_budgets_keep_the_primary_and_let_one
     crate::controller::delete_and_wait_gone(&databases, "spread").await;
 }
 
+/// Publishes the reports the agents of `database` would under kwok (which runs none): `NAME-0` a
+/// ready primary, `NAME-1` a standby streaming from it.
+pub async fn publish_primary_and_standby(client: &Client, namespace: &str, database: &str) {
+    for (ordinal, role, received) in [(0, Role::Primary, None), (1, Role::Standby, Some(0x300_0000))] {
+        let pod = format!("{database}-{ordinal}");
+        let agent = KubeControlPlane::new(
+            client.clone(),
+            client.clone(),
+            namespace,
+            database,
+            &pod,
+            5432,
+            Duration::from_secs(15),
+            Duration::from_secs(10),
+        );
+        agent.publish(&report(role, received)).await.unwrap();
+    }
+}
+
 /// A report as an agent publishes it, for tests that run no agent (kwok).
 pub fn report(role: Role, received: Option<u64>) -> InstanceReport {
     InstanceReport {
@@ -222,19 +241,7 @@ async fn a_cordon_of_the_primarys_node_starts_a_switchover_to_a_standby_on_anoth
     let ns = namespace.name.as_str();
     let node = |pod: &str| node_of(pods.iter().find(|found| found.metadata.name.as_deref() == Some(pod)).unwrap());
     assert_ne!(node("drained-0"), node("drained-1"), "the instances are on different nodes");
-    for (pod, role, received) in [("drained-0", Role::Primary, None), ("drained-1", Role::Standby, Some(0x300_0000))] {
-        let agent = KubeControlPlane::new(
-            client.clone(),
-            client.clone(),
-            ns,
-            "drained",
-            pod,
-            5432,
-            Duration::from_secs(15),
-            Duration::from_secs(10),
-        );
-        agent.publish(&report(role, received)).await.unwrap();
-    }
+    publish_primary_and_standby(&client, ns, "drained").await;
     eventually("failover engaged (the primary seen healthy)", Duration::from_secs(60), || async {
         let status = databases.get("drained").await.ok()?.status?;
         status.failover.timeline.is_some().then_some(())
