@@ -50,6 +50,7 @@ fn report(role: Role, ready: bool, streaming: bool, timeline: u32) -> InstanceRe
         waits_for: None,
         discarded_on_rejoin: None,
         reloaded: None,
+        volume: None,
     }
 }
 

@@ -6,6 +6,7 @@
 pub use crate::admission::field_error::{FieldError, FieldErrorKind, ValidationOutcome};
 use crate::api::database_service::{DatabaseService, DatabaseServiceSpec, FailoverSpec, MAX_REPLICAS, MIN_REPLICAS};
 use crate::api::pod::{REPLICATION_USER, SUPERUSER};
+use crate::api::storage::{StorageGrowthSpec, STEP_PERCENT_RANGE, WHEN_USED_PERCENT_RANGE};
 use crate::api::synchronous::acknowledges_alone;
 pub use crate::api::version::{major_version, VERSION_PATTERN};
 use crate::quantity::{parse_bytes, ParseQuantityError, MAX_BYTES};
@@ -145,6 +146,9 @@ fn validate_workload(
     let spec = &object.spec;
     validate_version(&spec.version, errors);
     validate_storage(spec, settings, errors);
+    if let Some(growth) = &spec.storage_growth {
+        validate_storage_growth(growth, &spec.storage_size, errors);
+    }
     if let Some(replicas) = spec.replicas {
         if !(MIN_REPLICAS..=MAX_REPLICAS).contains(&replicas) {
             errors.push(FieldError::invalid(
@@ -439,6 +443,35 @@ fn validate_storage(spec: &DatabaseServiceSpec, settings: &ValidationSettings, e
             format!("must be at least {}", settings.min_storage_size),
         )),
         Ok(_) => {}
+    }
+}
+
+/// spec.storageGrowth: a limit no smaller than storageSize, a threshold and a step in range.
+fn validate_storage_growth(growth: &StorageGrowthSpec, storage_size: &str, errors: &mut Vec<FieldError>) {
+    match parse_bytes(&growth.limit) {
+        Err(_) => errors.push(FieldError::invalid(
+            "spec.storageGrowth.limit",
+            shown(&growth.limit),
+            "must be a quantity such as 100Gi",
+        )),
+        Ok(limit) if parse_bytes(storage_size).is_ok_and(|size| limit < size) => errors.push(FieldError::invalid(
+            "spec.storageGrowth.limit",
+            &growth.limit,
+            format!("must be at least spec.storageSize ({storage_size})"),
+        )),
+        Ok(_) => {}
+    }
+    let when = growth.when_used_percent();
+    if !WHEN_USED_PERCENT_RANGE.contains(&when) {
+        let (low, high) = (WHEN_USED_PERCENT_RANGE.start(), WHEN_USED_PERCENT_RANGE.end());
+        let detail = format!("must be between {low} and {high} (percent of the volume in use)");
+        errors.push(FieldError::invalid("spec.storageGrowth.whenUsedPercent", when, detail));
+    }
+    let step = growth.step_percent();
+    if !STEP_PERCENT_RANGE.contains(&step) {
+        let (low, high) = (STEP_PERCENT_RANGE.start(), STEP_PERCENT_RANGE.end());
+        let detail = format!("must be between {low} and {high} (percent of the current size)");
+        errors.push(FieldError::invalid("spec.storageGrowth.stepPercent", step, detail));
     }
 }
 

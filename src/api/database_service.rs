@@ -68,6 +68,9 @@ pub struct DatabaseServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub storage_class_name: Option<String>,
+    /// Grow the data volumes as they fill, up to a limit (the StorageClass must allow expansion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_growth: Option<crate::api::storage::StorageGrowthSpec>,
     /// CPU and memory for the PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
@@ -293,6 +296,16 @@ pub struct StorageStatus {
     pub bound_claims: i32,
     /// PVCs expected (one per instance).
     pub expected_claims: i32,
+    /// The size the operator grew every volume to (spec.storageGrowth), above spec.storageSize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grown_to: Option<String>,
+    /// The size the volumes had before that growth: a volume that reports no more than this has
+    /// not grown yet, and does not count towards the next growth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grown_from: Option<String>,
+    /// A volume is past spec.storageGrowth.whenUsedPercent and already at its limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_limit: Option<bool>,
 }
 
 /// Lifecycle summary shown in `kubectl get dbs`.

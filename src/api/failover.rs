@@ -102,6 +102,9 @@ pub struct InstanceReport {
     /// the start that read the files afresh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reloaded: Option<String>,
+    /// The data volume's size and use (for spec.storageGrowth); republished when either changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<crate::api::storage::VolumeReport>,
 }
 
 /// What a former primary gave up when it rejoined as a standby of a new primary (issue 38): its

@@ -21,6 +21,7 @@ pub mod postgresql;
 pub mod recovery;
 pub mod reference;
 pub mod roles;
+pub mod storage;
 pub mod synchronous;
 pub mod version;
 pub mod yaml;

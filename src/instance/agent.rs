@@ -2,6 +2,7 @@
 //! publish a report when something changed.
 
 use crate::api::failover::{ArchivingReport, DiscardedOnRejoin, InstanceReport, Role, PENDING};
+use crate::api::storage::VolumeReport;
 use crate::instance::archiving::archiving_report;
 use crate::instance::configuration::ConfigurationKeeper;
 use crate::instance::declared::DeclaredKeeper;
@@ -9,7 +10,8 @@ use crate::instance::durability::{self, PreferredKeeper};
 use crate::instance::import::ImportKeeper;
 use crate::instance::owned_settings::{self, OwnedSettingsKeeper};
 use crate::instance::postgres::{
-    free_bytes, initialized, is_standby_data, LocalState, Postgres, PostgresError, Sample, DISK_FULL_BYTES,
+    free_bytes, initialized, is_standby_data, volume_bytes, LocalState, Postgres, PostgresError, Sample,
+    DISK_FULL_BYTES,
 };
 use crate::instance::roles::{write_superuser_rule, RolesKeeper};
 use crate::instance::slots::{self, StandbySlot};
@@ -65,6 +67,8 @@ pub struct Agent<C> {
     fenced_by_hand: bool,
     /// The data volume has less than [`DISK_FULL_BYTES`] free (checked every step).
     disk_full: bool,
+    /// The data volume's size and use, as last read (checked every step).
+    volume: Option<crate::api::storage::VolumeReport>,
     last_published: Option<InstanceReport>,
     /// Since when a promotion waits for the old primary's last WAL (see [`RELEASED_WAL_WAIT`]).
     waiting_for_released_wal: Option<(Lsn, Instant)>,
@@ -196,6 +200,7 @@ impl<C: ControlPlane> Agent<C> {
             handing_over: false,
             discarded_on_rejoin: None,
             reloaded: None,
+            volume: None,
             catching_up: None,
         }
     }
@@ -334,6 +339,7 @@ impl<C: ControlPlane> Agent<C> {
         // The volume, not the directory: PGDATA may not exist yet before the first clone.
         let volume = self.config.pgdata.parent().unwrap_or(&self.config.pgdata);
         let free = free_bytes(volume);
+        self.volume = free.zip(volume_bytes(volume)).and_then(|(free, size)| VolumeReport::of(size, free));
         if free.is_some_and(|free| free < DISK_FULL_BYTES) != self.disk_full {
             self.disk_full = !self.disk_full;
             tracing::warn!(instance = %self.config.name, free_bytes = ?free, disk_full = self.disk_full, "data volume space");
@@ -526,6 +532,7 @@ impl<C: ControlPlane> Agent<C> {
             waits_for: self.waits_for.clone().filter(|_| role == Role::Primary),
             discarded_on_rejoin: self.discarded_on_rejoin.clone(),
             reloaded: self.reloaded.clone().flatten(),
+            volume: self.volume,
         }
     }
 

@@ -143,6 +143,21 @@ pub fn render(view: &StatusView) -> String {
     out
 }
 
+/// The size in force: spec.storageSize, or what spec.storageGrowth grew it to (and its limit).
+fn storage_summary(database: &DatabaseService, status: &DatabaseServiceStatus) -> String {
+    let spec = &database.spec.storage_size;
+    let grown = status.storage.as_ref().and_then(|storage| storage.grown_to.as_deref());
+    let limit = database.spec.storage_growth.as_ref().map(|growth| growth.limit.as_str());
+    let at_limit = status.storage.as_ref().and_then(|storage| storage.at_limit) == Some(true);
+    match (grown.filter(|grown| grown != spec), limit) {
+        (Some(grown), Some(limit)) if at_limit => format!("{grown} (grown from {spec}; at its limit {limit})"),
+        (Some(grown), Some(limit)) => format!("{grown} (grown from {spec}, limit {limit})"),
+        (Some(grown), None) => format!("{grown} (grown from {spec})"),
+        (None, Some(limit)) => format!("{spec} (grows up to {limit})"),
+        (None, None) => spec.clone(),
+    }
+}
+
 /// The heading: phase, readiness, versions, the primary and any change of primary in progress.
 fn render_summary(out: &mut String, database: &DatabaseService, status: &DatabaseServiceStatus) {
     let name = database.metadata.name.clone().unwrap_or_default();
@@ -156,7 +171,7 @@ fn render_summary(out: &mut String, database: &DatabaseService, status: &Databas
         database.spec.replicas_or_default(),
         or_dash(status.current_version.as_deref()),
         database.spec.version,
-        database.spec.storage_size,
+        storage_summary(database, status),
     );
     let failover = &status.failover;
     let _ = writeln!(
@@ -358,6 +373,7 @@ fn render_recent_ledger(out: &mut String, ledger: &[LedgerEntry]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::database_service::StorageStatus;
     use crate::api::failover::{FailoverStatus, InstanceStatus};
     use crate::api::roles::{DeclaredObjectsStatus, ObjectStatus};
 
@@ -431,6 +447,30 @@ mod tests {
         assert!(text.contains("server (orders-tls): expires 2027-03-01T00:00:00Z"), "{text}");
         assert!(text.contains("role     reporting") && text.contains("FAILED"), "{text}");
         assert!(text.contains("Action14") && text.contains("Action5") && !text.contains("Action4 "), "{text}");
+    }
+
+    #[test]
+    fn the_storage_says_what_growth_made_of_it() {
+        let mut database = database();
+        assert!(render_view(&database).contains("storage: 10Gi\n"));
+        database.spec.storage_growth = serde_json::from_value(serde_json::json!({"limit": "40Gi"})).unwrap();
+        assert!(render_view(&database).contains("storage: 10Gi (grows up to 40Gi)"));
+        let status = database.status.as_mut().unwrap();
+        status.storage = Some(StorageStatus { grown_to: Some("15Gi".into()), ..StorageStatus::default() });
+        assert!(render_view(&database).contains("storage: 15Gi (grown from 10Gi, limit 40Gi)"));
+        database.status.as_mut().unwrap().storage.as_mut().unwrap().at_limit = Some(true);
+        assert!(render_view(&database).contains("storage: 15Gi (grown from 10Gi; at its limit 40Gi)"));
+    }
+
+    fn render_view(database: &DatabaseService) -> String {
+        let view = StatusView {
+            database: database.clone(),
+            ledger: Vec::new(),
+            backups: Vec::new(),
+            server_certificate_not_after: None,
+            ca_not_after: None,
+        };
+        render(&view)
     }
 
     #[test]

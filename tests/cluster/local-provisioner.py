@@ -10,6 +10,9 @@ use, a long test run never exhausts a pool.
 Claims of the --sized-storage-class get a volume of exactly their requested size instead: an ext4 file
 system in a sparse file beside the directory, loop-mounted on it, so that a test can fill a volume (the
 host's own file system has hundreds of gigabytes free). Reclaiming unmounts it and removes the file.
+It also resizes them, as a CSI driver's resizer and node plugin would: a bound claim of that class
+asking for more than its volume has gets its file and file system grown online (losetup -c,
+resize2fs), then the PV's capacity and the claim's status.capacity say the new size.
 
 It polls the API once a second (two LISTs) with the admin certificate; it runs as a host process started
 by real-node.sh and stops with SIGTERM.
@@ -29,6 +32,7 @@ import urllib.error
 import urllib.request
 
 PROVISIONER = "dbservice.dev/real-node-local"
+MERGE = "application/merge-patch+json"
 
 
 def main() -> int:
@@ -56,7 +60,9 @@ def main() -> int:
         try:
             provision(api, arguments, directory)
             reclaim(api, directory)
-        except (urllib.error.URLError, OSError, ValueError) as error:
+            if arguments.sized_storage_class:
+                expand(api, arguments.sized_storage_class, directory)
+        except (urllib.error.URLError, OSError, ValueError, subprocess.SubprocessError) as error:
             log(f"pass failed (retrying): {error}")
         time.sleep(arguments.interval)
     return 0
@@ -67,10 +73,10 @@ class Api:
         self.server = server.rstrip("/")
         self.context = context
 
-    def request(self, method: str, path: str, body=None):
+    def request(self, method: str, path: str, body=None, content_type: str = "application/json"):
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.server + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
+        request.add_header("Content-Type", content_type)
         with urllib.request.urlopen(request, context=self.context, timeout=10) as response:
             return json.loads(response.read() or b"{}")
 
@@ -142,6 +148,45 @@ def reclaim(api: Api, directory: str) -> None:
         except urllib.error.HTTPError as error:
             if error.code != 404:
                 raise
+
+
+def expand(api: Api, storage_class: str, directory: str) -> None:
+    """Grows the sized volumes whose bound claims ask for more than they have."""
+    volumes = {
+        volume["metadata"]["name"]: volume
+        for volume in api.request("GET", "/api/v1/persistentvolumes")["items"]
+        if volume["spec"].get("storageClassName") == storage_class
+    }
+    for claim in api.request("GET", "/api/v1/persistentvolumeclaims")["items"]:
+        spec, metadata = claim["spec"], claim["metadata"]
+        volume = volumes.get(spec.get("volumeName") or "")
+        if volume is None or spec.get("storageClassName") != storage_class:
+            continue
+        wanted = spec["resources"]["requests"]["storage"]
+        path = os.path.realpath(volume["spec"].get("local", {}).get("path", ""))
+        if os.path.dirname(path) != directory or not os.path.ismount(path):
+            continue
+        had = quantity_bytes(volume["spec"]["capacity"]["storage"])
+        if quantity_bytes(wanted) > had:
+            grow_sized_file_system(path, quantity_bytes(wanted))
+            patch = {"spec": {"capacity": {"storage": wanted}}}
+            api.request("PATCH", "/api/v1/persistentvolumes/" + volume["metadata"]["name"], patch, MERGE)
+            log(f"grew {volume['metadata']['name']} to {wanted}")
+        capacity = (claim.get("status") or {}).get("capacity", {}).get("storage", "0")
+        if quantity_bytes(capacity) < quantity_bytes(wanted):
+            claim_path = f"/api/v1/namespaces/{metadata['namespace']}/persistentvolumeclaims/{metadata['name']}/status"
+            api.request("PATCH", claim_path, {"status": {"capacity": {"storage": wanted}}}, MERGE)
+            log(f"claim {metadata['namespace']}/{metadata['name']} now has {wanted}")
+
+
+def grow_sized_file_system(path: str, size: int) -> None:
+    """Grows PATH.img to `size` bytes and the mounted ext4 file system in it, online."""
+    with open(path + ".img", "r+b") as file:
+        file.truncate(size)
+    device = subprocess.run(["findmnt", "-n", "-o", "SOURCE", path], check=True, timeout=30,
+                            capture_output=True, text=True).stdout.strip()
+    subprocess.run(["losetup", "-c", device], check=True, timeout=60)
+    subprocess.run(["resize2fs", device], check=True, timeout=300, capture_output=True)
 
 
 def make_sized_file_system(path: str, size: int) -> None:

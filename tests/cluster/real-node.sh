@@ -379,8 +379,12 @@ EOF
 
 start_provisioner() {
   mkdir -p "$RN/volumes"
-  local class
+  local class expandable
+  # Only the sized volumes can grow (the provisioner resizes their file systems); a directory on the
+  # host's disk has no size to grow.
   for class in "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS"; do
+    expandable=false
+    [ "$class" = "$SIZED_STORAGE_CLASS" ] && expandable=true
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -388,7 +392,7 @@ metadata: {name: $class}
 provisioner: dbservice.dev/real-node-local
 reclaimPolicy: Delete
 volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: false
+allowVolumeExpansion: $expandable
 EOF
   done
   # shellcheck source=/dev/null

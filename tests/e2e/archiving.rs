@@ -42,6 +42,7 @@ fn primary_report(archiving: ArchivingReport) -> InstanceReport {
         waits_for: None,
         discarded_on_rejoin: None,
         reloaded: None,
+        volume: None,
         archiving: Some(archiving),
     }
 }

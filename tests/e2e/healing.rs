@@ -4,6 +4,10 @@ use crate::controller::{condition, wait_for_ledger, wait_for_phase};
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, kubectl, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, Phase};
+use dbservice_operator::api::failover::Role;
+use dbservice_operator::api::storage::VolumeReport;
+use dbservice_operator::instance::kubernetes::KubeControlPlane;
+use dbservice_operator::instance::ControlPlane;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -74,6 +78,50 @@ async fn growing_storage_patches_each_claim_or_reports_a_class_that_cannot_grow(
     .await;
     assert!(refused.message.contains("fixed-size"), "{}", refused.message);
     assert_eq!(claim_request(&claims.get("data-cramped-0").await.unwrap()).as_deref(), Some("1Gi"));
+}
+
+/// Issue 42: an agent reporting its volume past `whenUsedPercent` makes the operator grow every
+/// claim by the step (the real node proves the file systems grow: tests/real_node/storage_growth.rs).
+#[tokio::test]
+async fn a_volume_reported_past_its_threshold_grows_every_claim_by_the_step() {
+    let test = "a_volume_reported_past_its_threshold_grows_every_claim_by_the_step";
+    let Some(kubeconfig) = cluster_or_skip(test) else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "growth").await;
+    let ns = namespace.name.as_str();
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let mut database = sample_database("filling");
+    database.spec.replicas = Some(2);
+    database.spec.storage_growth = Some(serde_json::from_value(serde_json::json!({"limit": "4Gi"})).unwrap());
+    api.create(&PostParams::default(), &database).await.unwrap();
+    wait_for_phase(&api, "filling", Phase::Running, Duration::from_secs(120)).await;
+    for (ordinal, role, used_percent) in [(0, Role::Primary, 85), (1, Role::Standby, 75)] {
+        let pod = format!("filling-{ordinal}");
+        let agent = KubeControlPlane::new(
+            client.clone(),
+            client.clone(),
+            ns,
+            "filling",
+            &pod,
+            5432,
+            Duration::from_secs(15),
+            Duration::from_secs(10),
+        );
+        let mut report = crate::placement::report(role, (role == Role::Standby).then_some(0x300_0000));
+        report.volume = Some(VolumeReport { size_bytes: 1000 << 20, used_percent });
+        agent.publish(&report).await.unwrap();
+    }
+    for claim in ["data-filling-0", "data-filling-1"] {
+        eventually(&format!("{claim} asks for 1536Mi"), Duration::from_secs(60), || async {
+            (claim_request(&claims.get(claim).await.ok()?)?.as_str() == "1536Mi").then_some(())
+        })
+        .await;
+    }
+    wait_for_ledger(&client, ns, "filling", "StorageGrown").await;
+    let storage = api.get("filling").await.unwrap().status.unwrap().storage.unwrap();
+    assert_eq!((storage.grown_to.as_deref(), storage.requested.as_str()), (Some("1536Mi"), "1536Mi"), "{storage:?}");
 }
 
 #[tokio::test]

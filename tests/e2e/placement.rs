@@ -222,6 +222,7 @@ pub fn report(role: Role, received: Option<u64>) -> InstanceReport {
         waits_for: None,
         discarded_on_rejoin: None,
         reloaded: None,
+        volume: None,
         archiving: None,
     }
 }

@@ -35,6 +35,7 @@ mod roles;
 mod rolling;
 mod security;
 mod shadows;
+mod storage_growth;
 #[allow(dead_code)]
 #[path = "../e2e/support/mod.rs"]
 mod support;

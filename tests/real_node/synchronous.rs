@@ -67,6 +67,8 @@ async fn synchronous_replication_loses_no_acknowledged_commit_when_the_primary_f
         return;
     };
     install_chart(node);
+    // Failovers measured here: the tests that restart the operator wait (see faults::FaultSlot).
+    let _operator_pods_stay = crate::environment::operator_pods_lock().read().await;
     let client = admin_client().await;
     let namespace = real_namespace(&client, "synchronous").await;
     let ns = namespace.name.as_str();
@@ -126,6 +128,8 @@ async fn durability_state(databases: &Api<DatabaseService>) -> Option<(String, O
 async fn preferred_durability_is_the_default_loses_no_commit_and_falls_back_without_its_standby() {
     let Some(node) = real_node_or_skip("preferred_durability_is_the_default") else { return };
     install_chart(node);
+    // Failovers measured here: the tests that restart the operator wait (see faults::FaultSlot).
+    let _operator_pods_stay = crate::environment::operator_pods_lock().read().await;
     let client = admin_client().await;
     let namespace = real_namespace(&client, "preferred").await;
     let ns = namespace.name.as_str();

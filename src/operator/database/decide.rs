@@ -23,6 +23,7 @@ use crate::operator::database::observe::{claim_class, claim_request, Observed};
 use crate::operator::database::pod_health::{self, PodHealth};
 use crate::operator::database::pod_replacement::{rolling_step, RollingStep};
 use crate::operator::database::settings::ControllerSettings;
+use crate::operator::database::storage_growth;
 use crate::operator::database::summary::summarize;
 use crate::operator::journal::{Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
@@ -167,6 +168,8 @@ pub fn decide(input: &DecideInput) -> Decision {
         &mut journal,
         now,
     );
+    let growth = storage_growth::plan(database, &observed.pods, &observed.claims);
+    storage_growth::record(&growth, database, &mut status, &mut journal, now);
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);
@@ -661,16 +664,18 @@ fn decide_claims(
 ) -> Vec<ClaimChange> {
     let mut changes = Vec::new();
     let mut expansion_refused = Vec::new();
+    let wanted = storage_growth::wanted_size(&database.spec.storage_size, Some(status));
     for claim in &observed.claims {
-        let change = claim_change(database, observed, claim, &mut expansion_refused, journal, now);
+        let change = claim_change(database, observed, claim, &wanted, &mut expansion_refused, journal, now);
         if change.owner_references.is_some() || change.storage.is_some() {
             changes.push(change);
         }
     }
-    let wanted = &database.spec.storage_size;
     let expected = database.spec.replicas_or_default().min(status.degraded_replicas.unwrap_or(i32::MAX));
     let bound = pod_health::claims_bound(observed.claims.iter().map(|claim| claim.as_ref()));
-    status.storage = Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected });
+    let grown = status.storage.take().unwrap_or_default();
+    status.storage =
+        Some(StorageStatus { requested: wanted.clone(), bound_claims: bound, expected_claims: expected, ..grown });
     set_storage_ready(database, status, &expansion_refused, bound, expected, journal, now);
     changes
 }
@@ -682,13 +687,13 @@ fn claim_change(
     database: &DatabaseService,
     observed: &Observed,
     claim: &std::sync::Arc<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    wanted: &str,
     expansion_refused: &mut Vec<String>,
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) -> ClaimChange {
     let generation = database.metadata.generation.unwrap_or(0);
     let owner = owner_reference(database);
-    let wanted = &database.spec.storage_size;
     let wanted_bytes = parse_bytes(wanted).unwrap_or(0);
     let created = database.metadata.creation_timestamp.as_ref().map(|time| time.0);
     let claim_name = claim.name_any();
@@ -714,9 +719,8 @@ fn claim_change(
     if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
         let class = claim_class(claim);
         if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
-            change.storage = Some(wanted.clone());
-            let entry =
-                LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted.clone(), &claim_name);
+            change.storage = Some(wanted.to_string());
+            let entry = LedgerEntry::at(now, generation, "StorageExpanded", requested.clone(), wanted, &claim_name);
             journal.record(
                 false,
                 "StorageExpanded",

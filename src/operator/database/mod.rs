@@ -36,6 +36,7 @@ pub mod recovery_source;
 pub mod requests;
 pub mod settings;
 pub mod stateful_set_replacement;
+pub mod storage_growth;
 pub mod summary;
 pub mod wiring;
 

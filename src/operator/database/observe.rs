@@ -216,14 +216,11 @@ pub fn claim_class(claim: &PersistentVolumeClaim) -> String {
     claim.spec.as_ref().and_then(|spec| spec.storage_class_name.clone()).unwrap_or_default()
 }
 
-/// Fills [`Observed::expandable_classes`] for the claims that are smaller than the spec asks:
-/// a GET per class, only when storage must grow (never in a steady pass).
-pub async fn storage_classes(
-    database: &DatabaseService,
-    observed: &mut Observed,
-    client: &Client,
-) -> Result<(), kube::Error> {
-    let wanted = parse_bytes(&database.spec.storage_size).unwrap_or(0);
+/// Fills [`Observed::expandable_classes`] for the claims that are smaller than `wanted` (the
+/// spec's size or what growth asks for): a GET per class, only when storage must grow (never in
+/// a steady pass).
+pub async fn storage_classes(wanted: &str, observed: &mut Observed, client: &Client) -> Result<(), kube::Error> {
+    let wanted = parse_bytes(wanted).unwrap_or(0);
     let classes: Api<StorageClass> = Api::all(client.clone());
     for claim in &observed.claims {
         if parse_bytes(&claim_request(claim)).unwrap_or(0) >= wanted {

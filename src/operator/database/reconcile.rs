@@ -17,6 +17,7 @@ use crate::operator::database::observe::{
     from_caches, pooler_pods_left, primary_lease, storage_classes, unlabelled_pods, Observed,
 };
 use crate::operator::database::recovery_source;
+use crate::operator::database::storage_growth;
 use crate::operator::journal::{now, Journal};
 use crate::operator::publish::{publish, publish_applied};
 use chrono::{DateTime, Utc};
@@ -182,7 +183,11 @@ pub async fn reconcile_live(database: &DatabaseService, context: &PassContext) -
 async fn observe(database: &DatabaseService, context: &PassContext) -> Result<Observed, ReconcileError> {
     let client = &context.shared.client;
     let mut observed = from_caches(database, &context.stores);
-    storage_classes(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
+    let wanted_size = match storage_growth::plan(database, &observed.pods, &observed.claims) {
+        storage_growth::Growth::Grow { to, .. } => to,
+        _ => storage_growth::wanted_size(&database.spec.storage_size, database.status.as_ref()),
+    };
+    storage_classes(&wanted_size, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     unlabelled_pods(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, client, &context.lease_clock).await.map_err(ReconcileError::Observe)?;
     pooler_pods_left(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;

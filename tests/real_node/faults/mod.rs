@@ -35,11 +35,23 @@ pub const RENEW_DEADLINE: Duration = dbservice_operator::lease::LeaseTimings::DE
 pub const PARALLEL_FAULTS: usize = 2;
 static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(PARALLEL_FAULTS);
 
-/// One of the [`PARALLEL_FAULTS`] slots, for another heavy test (the smoke set of a major) that
-/// must not starve the faults measured beside it (seen in CI: four two-instance databases beside
-/// the three-instance fault made its recovery hang, see the README's fault table).
-pub async fn slot() -> tokio::sync::SemaphorePermit<'static> {
-    SLOTS.acquire().await.expect("the semaphore is never closed")
+/// One of the [`PARALLEL_FAULTS`] slots, with the operator's pods kept where they are while it is
+/// held: a fault measured while a test restarts the operator (tests/real_node/operator.rs,
+/// failover.rs) measures the restart instead (seen in CI: the leader changed 7 s into a stalled
+/// primary's fault, no failover came before the fenced primary restarted, and the test waited for
+/// one in vain).
+pub struct FaultSlot {
+    _permit: tokio::sync::SemaphorePermit<'static>,
+    _operator_pods_stay: tokio::sync::RwLockReadGuard<'static, ()>,
+}
+
+/// A [`FaultSlot`], for a fault or another heavy test (the smoke set of a major) that must not
+/// starve the faults measured beside it (seen in CI: four two-instance databases beside the
+/// three-instance fault made its recovery hang, see the README's fault table).
+pub async fn slot() -> FaultSlot {
+    let permit = SLOTS.acquire().await.expect("the semaphore is never closed");
+    let operator_pods_stay = crate::environment::operator_pods_lock().read().await;
+    FaultSlot { _permit: permit, _operator_pods_stay: operator_pods_stay }
 }
 
 /// One database under both checkers, in its own namespace.
@@ -48,7 +60,7 @@ pub struct Bed {
     pub node: &'static RealNode,
     pub namespace: TestNamespace,
     pub instances: usize,
-    _slot: tokio::sync::SemaphorePermit<'static>,
+    _slot: FaultSlot,
 }
 
 /// What a fault cost.
@@ -141,7 +153,7 @@ impl Bed {
     async fn start_in(fault: &str, instances: usize, options: BedOptions<'_>) -> Option<Bed> {
         let BedOptions { store, version, across_nodes, sized_volumes, durability } = options;
         let node = real_node_or_skip(fault)?;
-        let slot = SLOTS.acquire().await.expect("the semaphore is never closed");
+        let slot = slot().await;
         install_chart(node);
         let client = admin_client().await;
         let namespace = if across_nodes {

@@ -83,6 +83,7 @@ mod tests {
             waits_for: None,
             discarded_on_rejoin: None,
             reloaded: None,
+            volume: None,
             archiving: None,
         }
     }

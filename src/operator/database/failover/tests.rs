@@ -35,6 +35,7 @@ fn primary_report() -> InstanceReport {
         waits_for: None,
         discarded_on_rejoin: None,
         reloaded: None,
+        volume: None,
     }
 }
 

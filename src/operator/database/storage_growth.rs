@@ -1,0 +1,212 @@
+//! Automatic growth of the data volumes (`spec.storageGrowth`, issue 42): when an instance reports
+//! its volume past `whenUsedPercent`, every claim is grown by `stepPercent` of the current size,
+//! never past `limit`. One growth at a time: the next waits until every claim has its new size
+//! and the volumes report it. Pure: the claims change through the claim expansion of `decide`.
+
+use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, StorageStatus};
+use crate::api::storage::{StorageGrowthSpec, VolumeReport};
+use crate::operator::database::failover::pass::report_of;
+use crate::operator::database::observe::claim_request;
+use crate::operator::journal::Journal;
+use crate::operator::ledger::LedgerEntry;
+use crate::quantity::parse_bytes;
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use std::sync::Arc;
+
+const MIB: u128 = 1024 * 1024;
+const GIB: u128 = 1024 * MIB;
+
+/// What growth asks for this pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// Nothing: no growth asked for, no volume past the threshold, or a growth still under way.
+    Idle,
+    /// Grow every volume from `from` to `to`, because `instance`'s is `used_percent` full.
+    Grow { from: String, to: String, instance: String, used_percent: u8 },
+    /// `instance`'s volume is `used_percent` full and the volumes are at `limit` already.
+    AtLimit { limit: String, instance: String, used_percent: u8 },
+}
+
+/// The size every data volume should have: spec.storageSize, or what growth made of it.
+pub fn wanted_size(spec_size: &str, status: Option<&DatabaseServiceStatus>) -> String {
+    let grown = status.and_then(|status| status.storage.as_ref()?.grown_to.clone());
+    match grown {
+        Some(grown) if bytes(&grown) > bytes(spec_size) => grown,
+        _ => spec_size.to_string(),
+    }
+}
+
+/// The growth this pass asks for, from the instances' reports and the claims.
+pub fn plan(database: &DatabaseService, pods: &[Arc<Pod>], claims: &[Arc<PersistentVolumeClaim>]) -> Growth {
+    let Some(spec) = database.spec.storage_growth.as_ref() else { return Growth::Idle };
+    let status = database.status.as_ref();
+    let current = wanted_size(&database.spec.storage_size, status);
+    let grown_from = status.and_then(|status| status.storage.as_ref()?.grown_from.as_deref()).map(bytes);
+    let volumes: Vec<(String, VolumeReport)> =
+        pods.iter().filter_map(|pod| Some((pod.name_any(), report_of(pod)?.volume?))).collect();
+    let resizing = claims.iter().any(|claim| resizing(claim, bytes(&current)));
+    decide(spec, &current, grown_from.unwrap_or(0), &volumes, resizing)
+}
+
+/// The decision, from the current size, the size before the last growth (volumes reporting no
+/// more than that have not grown yet: their use says nothing about the current size), the
+/// volumes' reports and whether a claim is still being resized.
+pub fn decide(
+    spec: &StorageGrowthSpec,
+    current: &str,
+    grown_from: u128,
+    volumes: &[(String, VolumeReport)],
+    resizing: bool,
+) -> Growth {
+    if resizing {
+        return Growth::Idle;
+    }
+    let fullest = volumes
+        .iter()
+        .filter(|(_, volume)| u128::from(volume.size_bytes) > grown_from)
+        .filter(|(_, volume)| volume.used_percent >= spec.when_used_percent())
+        .max_by_key(|(_, volume)| volume.used_percent);
+    let Some((instance, volume)) = fullest else { return Growth::Idle };
+    let (current_bytes, limit_bytes) = (bytes(current), bytes(&spec.limit));
+    if current_bytes >= limit_bytes {
+        return Growth::AtLimit {
+            limit: spec.limit.clone(),
+            instance: instance.clone(),
+            used_percent: volume.used_percent,
+        };
+    }
+    let step = (current_bytes * u128::from(spec.step_percent())).div_ceil(100);
+    let to = if current_bytes + step >= limit_bytes { spec.limit.clone() } else { quantity(current_bytes + step) };
+    Growth::Grow { from: current.to_string(), to, instance: instance.clone(), used_percent: volume.used_percent }
+}
+
+/// Records the growth in the status, the ledger and an Event; says once when the limit stops it.
+pub fn record(
+    growth: &Growth,
+    database: &DatabaseService,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) {
+    let generation = database.metadata.generation.unwrap_or(0);
+    let storage = status.storage.get_or_insert_with(StorageStatus::default);
+    match growth {
+        Growth::Idle => {
+            let limit = database.spec.storage_growth.as_ref().map(|spec| bytes(&spec.limit));
+            let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
+            if limit.is_none_or(|limit| bytes(&current) < limit) {
+                storage.at_limit = None;
+            }
+        }
+        Growth::Grow { from, to, instance, used_percent } => {
+            storage.grown_to = Some(to.clone());
+            storage.grown_from = Some(from.clone());
+            storage.at_limit = None;
+            let entry =
+                LedgerEntry::at(now, generation, "StorageGrown", from, to, format!("{instance} {used_percent}% full"));
+            let note = format!(
+                "the data volume of {instance} is {used_percent}% full: every volume grows from {from} to {to}"
+            );
+            journal.record(false, "StorageGrown", note, Some(entry));
+        }
+        Growth::AtLimit { limit, instance, used_percent } => {
+            if storage.at_limit != Some(true) {
+                storage.at_limit = Some(true);
+                let entry = LedgerEntry::at(now, generation, "StorageGrowthLimitReached", limit, limit, instance);
+                let note = format!(
+                    "the data volume of {instance} is {used_percent}% full and at spec.storageGrowth.limit {limit}: \
+                     raise the limit or free space"
+                );
+                journal.record(true, "StorageGrowthLimitReached", note, Some(entry));
+            }
+        }
+    }
+}
+
+/// A claim not yet at `wanted`, or asked for more than it has (its resize still under way).
+fn resizing(claim: &PersistentVolumeClaim, wanted: u128) -> bool {
+    let requested = bytes(&claim_request(claim));
+    let capacity = claim
+        .status
+        .as_ref()
+        .and_then(|status| status.capacity.as_ref()?.get("storage"))
+        .map_or(0, |quantity| bytes(&quantity.0));
+    requested < wanted || capacity < requested
+}
+
+fn bytes(quantity: &str) -> u128 {
+    parse_bytes(quantity).unwrap_or(0)
+}
+
+/// `bytes` as a quantity: whole Gi when it is, else Mi rounded up.
+fn quantity(bytes: u128) -> String {
+    if bytes.is_multiple_of(GIB) {
+        format!("{}Gi", bytes / GIB)
+    } else {
+        format!("{}Mi", bytes.div_ceil(MIB))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(limit: &str) -> StorageGrowthSpec {
+        StorageGrowthSpec { limit: limit.into(), when_used_percent: Some(80), step_percent: Some(50) }
+    }
+
+    fn volume(name: &str, size: u64, used_percent: u8) -> (String, VolumeReport) {
+        (name.into(), VolumeReport { size_bytes: size, used_percent })
+    }
+
+    const GI: u64 = 1 << 30;
+
+    #[test]
+    fn a_volume_past_the_threshold_grows_every_volume_by_the_step() {
+        let volumes = [volume("db-0", GI - (40 << 20), 75), volume("db-1", GI - (40 << 20), 85)];
+        let growth = decide(&spec("4Gi"), "1Gi", 0, &volumes, false);
+        assert_eq!(
+            growth,
+            Growth::Grow { from: "1Gi".into(), to: "1536Mi".into(), instance: "db-1".into(), used_percent: 85 }
+        );
+        assert_eq!(decide(&spec("4Gi"), "1Gi", 0, &volumes[..1], false), Growth::Idle, "below the threshold");
+    }
+
+    #[test]
+    fn growth_stops_at_the_limit_and_says_so() {
+        let full = [volume("db-0", GI, 90)];
+        let to_limit = decide(&spec("1200Mi"), "1Gi", 0, &full, false);
+        assert!(matches!(&to_limit, Growth::Grow { to, .. } if to == "1200Mi"), "{to_limit:?}");
+        let at_limit = decide(&spec("1Gi"), "1Gi", 0, &full, false);
+        assert_eq!(at_limit, Growth::AtLimit { limit: "1Gi".into(), instance: "db-0".into(), used_percent: 90 });
+    }
+
+    #[test]
+    fn no_second_growth_before_the_first_is_done() {
+        let full = [volume("db-0", GI, 90)];
+        assert_eq!(decide(&spec("4Gi"), "1536Mi", 0, &full, true), Growth::Idle, "a claim still resizing");
+        // The claims are done, but the volume still reports its old size (and so its old use).
+        assert_eq!(decide(&spec("4Gi"), "1536Mi", u128::from(GI), &full, false), Growth::Idle);
+        let grown = [volume("db-0", 1536 * (1 << 20) - (60 << 20), 85)];
+        let next = decide(&spec("4Gi"), "1536Mi", u128::from(GI), &grown, false);
+        assert!(matches!(&next, Growth::Grow { to, .. } if to == "2304Mi"), "{next:?}");
+    }
+
+    #[test]
+    fn the_wanted_size_is_the_larger_of_the_spec_and_the_growth() {
+        let mut status = DatabaseServiceStatus::default();
+        assert_eq!(wanted_size("1Gi", Some(&status)), "1Gi");
+        status.storage = Some(StorageStatus { grown_to: Some("1536Mi".into()), ..StorageStatus::default() });
+        assert_eq!(wanted_size("1Gi", Some(&status)), "1536Mi");
+        assert_eq!(wanted_size("2Gi", Some(&status)), "2Gi", "the user asked for more since");
+    }
+
+    #[test]
+    fn sizes_are_whole_mebibytes_or_gibibytes() {
+        assert_eq!(quantity(3 * GIB), "3Gi");
+        assert_eq!(quantity(GIB + GIB / 2), "1536Mi");
+        assert_eq!(quantity(GIB + 1), "1025Mi");
+    }
+}
