@@ -27,6 +27,9 @@ pub mod types {
     pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
     /// spec.hibernated stops the instances (True), or a wake waits for the primary (False, Waking).
     pub const HIBERNATED: &str = "Hibernated";
+    /// spec.storageGrowth can grow the volumes (True: ready, grown, or grown to its limit), or
+    /// cannot (False: at the limit and full, or a StorageClass that does not allow expansion).
+    pub const STORAGE_GROWTH: &str = "StorageGrowth";
 }
 
 /// Sets a condition in `conditions`, preserving lastTransitionTime when the status is unchanged;

@@ -120,6 +120,19 @@ async fn a_volume_reported_past_its_threshold_grows_every_claim_by_the_step() {
         .await;
     }
     wait_for_ledger(&client, ns, "filling", "StorageGrown").await;
+    // A class that cannot grow is told before any volume fills (no report needed).
+    let mut fixed = sample_database("fixed");
+    fixed.spec.storage_class_name = Some("fixed-size".into());
+    fixed.spec.storage_growth = database.spec.storage_growth.clone();
+    api.create(&PostParams::default(), &fixed).await.unwrap();
+    let refused = eventually("StorageGrowth=False ExpansionNotSupported", Duration::from_secs(60), || async {
+        let database = api.get("fixed").await.ok()?;
+        let condition = condition(&database, "StorageGrowth")?.clone();
+        (condition.reason == "ExpansionNotSupported").then_some(condition)
+    })
+    .await;
+    assert!(refused.message.contains("fixed-size"), "{}", refused.message);
+    wait_for_ledger(&client, ns, "fixed", "StorageGrowthImpossible").await;
     let storage = api.get("filling").await.unwrap().status.unwrap().storage.unwrap();
     assert_eq!((storage.grown_to.as_deref(), storage.requested.as_str()), (Some("1536Mi"), "1536Mi"), "{storage:?}");
 }

@@ -112,14 +112,25 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     assert_eq!(claim_sizes(&client, ns).await, vec![(1024, 1024), (1024, 1024)], "1Gi claims before any growth");
     let (size_before, _) = volume_in_pod(ns, &primary);
 
-    // 1. The primary's volume 87 % full: every claim grows by half, 1Gi to 1536Mi.
-    let filled = Instant::now();
-    fill(ns, &primary, 87, "filler-1");
-    let took = grown_to(&client, ns, 1536, filled).await;
+    // 1. The volume 75 % full by a file, then a writer takes it past 80 %: every claim grows by
+    // half, 1Gi to 1536Mi, and no write is refused.
+    fill(ns, &primary, 75, "filler-1");
+    let writing = Instant::now();
+    let mut batches = 0;
+    let took = loop {
+        let sizes = claim_sizes(&client, ns).await;
+        if sizes.iter().all(|&(requested, capacity)| requested == 1536 && capacity == 1536) {
+            break writing.elapsed();
+        }
+        assert!(writing.elapsed() < GROWN_WITHIN * 2, "the claims did not grow while written: {sizes:?}");
+        // 4 MB of rows (and as much WAL) a batch; psql fails the test on any refused write.
+        psql_in_instance(ns, &primary, "insert into kept select i, repeat('x', 4000) from generate_series(1, 1000) i");
+        batches += 1;
+    };
     let (size_after, used_after) = volume_in_pod(ns, &primary);
     eprintln!(
-        "[figure] storage growth: 1Gi to 1536Mi {:.1} s after the volume was 87% full; the pod's file system \
-         {size_before} KiB to {size_after} KiB ({used_after} KiB used)",
+        "[figure] storage growth: 1Gi to 1536Mi {:.1} s after a writer started past 75% ({batches} batches of 4 MB, \
+         none refused); the pod's file system {size_before} KiB to {size_after} KiB ({used_after} KiB used)",
         took.as_secs_f64()
     );
     assert!(took <= GROWN_WITHIN, "grown after {took:?} (at most {GROWN_WITHIN:?})");
@@ -130,20 +141,31 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     let standby = crate::failover::other_of_two(&primary);
     let (standby_size, _) = volume_in_pod(ns, &standby);
     assert!(standby_size > size_before * 14 / 10, "the standby's file system grew too: {standby_size} KiB");
-    let written = psql_in_instance(
-        ns,
-        &primary,
-        "insert into kept select i, md5(i::text) from generate_series(5001, 10000) i; select count(*) from kept",
-    );
-    assert_eq!(written.trim(), "10000", "PostgreSQL takes writes on the grown volume");
     let entries = ledger(&client, ns).await;
     let grown = entries.iter().find(|entry| entry.action == "StorageGrown").expect("a StorageGrown ledger entry");
     assert_eq!((grown.from.as_str(), grown.to.as_str()), ("1Gi", "1536Mi"), "{grown:?}");
     assert!(grown.outcome.starts_with(&primary), "the instance that filled is named: {grown:?}");
+    let rows = psql_in_instance(ns, &primary, "select count(*) from kept");
 
-    // 2. Full again: the next step would pass the limit, so the claims grow to the limit.
-    fill(ns, &primary, 87, "filler-2");
-    grown_to(&client, ns, 2048, Instant::now()).await;
+    // 2. The volume filled to the last byte: PostgreSQL cannot write, the volumes grow to the limit
+    // (the next step would pass it), and it takes writes again with every row it had.
+    let fill_all = "head -c 4294967296 /dev/zero > /var/lib/postgresql/data/filler-2 2>/dev/null; sync; true";
+    kubectl(&["-n", ns, "exec", &primary, "-c", "postgres", "--", "sh", "-c", fill_all]);
+    let full = Instant::now();
+    let took = grown_to(&client, ns, 2048, full).await;
+    let back = eventually("writes taken again after the growth", Duration::from_secs(120), || async {
+        let sql = "insert into kept values (0, 'after'); select count(*) from kept";
+        crate::environment::try_psql_in_instance(ns, &primary, sql).filter(|out| !out.trim().is_empty())
+    })
+    .await;
+    eprintln!(
+        "[figure] storage growth: a volume filled to 100% grew to 2Gi {:.1} s later; writes taken again after {:.1} s",
+        took.as_secs_f64(),
+        full.elapsed().as_secs_f64()
+    );
+    let before: u64 = rows.trim().parse().unwrap();
+    let after: u64 = back.trim().lines().last().unwrap_or_default().parse().unwrap();
+    assert_eq!(after, before + 1, "every row kept through the full volume");
 
     // 3. Full at the limit: no growth, a Warning event and a ledger entry, once.
     fill(ns, &primary, 90, "filler-3");
@@ -157,6 +179,11 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     let status = databases.get(DATABASE).await.unwrap().status.unwrap().storage.unwrap();
     assert_eq!(status.grown_to.as_deref(), Some("2Gi"), "{status:?}");
     assert_eq!(status.at_limit, Some(true), "{status:?}");
+    let database = databases.get(DATABASE).await.unwrap();
+    let condition =
+        database.status.unwrap().conditions.into_iter().find(|condition| condition.type_ == "StorageGrowth");
+    let condition = condition.expect("condition StorageGrowth");
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "LimitReached"), "{condition:?}");
     let growths = ledger(&client, ns).await.iter().filter(|entry| entry.action.starts_with("StorageGrow")).count();
     assert_eq!(growths, 3, "two growths and one limit reached, each told once");
     for file in ["filler-1", "filler-2", "filler-3"] {

@@ -169,7 +169,8 @@ pub fn decide(input: &DecideInput) -> Decision {
         now,
     );
     let growth = storage_growth::plan(database, &observed.pods, &observed.claims);
-    storage_growth::record(&growth, database, &mut status, &mut journal, now);
+    let not_expandable = storage_growth::not_expandable(&observed.claims, &observed.expandable_classes);
+    storage_growth::record(&growth, database, not_expandable, &mut status, &mut journal, now);
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);

@@ -217,13 +217,18 @@ pub fn claim_class(claim: &PersistentVolumeClaim) -> String {
 }
 
 /// Fills [`Observed::expandable_classes`] for the claims that are smaller than `wanted` (the
-/// spec's size or what growth asks for): a GET per class, only when storage must grow (never in
-/// a steady pass).
-pub async fn storage_classes(wanted: &str, observed: &mut Observed, client: &Client) -> Result<(), kube::Error> {
+/// spec's size or what growth asks for), or for every claim with `every_claim` (spec.storageGrowth,
+/// so that a class that cannot grow is told before a volume fills): a GET per class, only then.
+pub async fn storage_classes(
+    wanted: &str,
+    every_claim: bool,
+    observed: &mut Observed,
+    client: &Client,
+) -> Result<(), kube::Error> {
     let wanted = parse_bytes(wanted).unwrap_or(0);
     let classes: Api<StorageClass> = Api::all(client.clone());
     for claim in &observed.claims {
-        if parse_bytes(&claim_request(claim)).unwrap_or(0) >= wanted {
+        if !every_claim && parse_bytes(&claim_request(claim)).unwrap_or(0) >= wanted {
             continue;
         }
         let class = claim_class(claim);

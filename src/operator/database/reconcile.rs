@@ -187,7 +187,8 @@ async fn observe(database: &DatabaseService, context: &PassContext) -> Result<Ob
         storage_growth::Growth::Grow { to, .. } => to,
         _ => storage_growth::wanted_size(&database.spec.storage_size, database.status.as_ref()),
     };
-    storage_classes(&wanted_size, &mut observed, client).await.map_err(ReconcileError::Observe)?;
+    let every_claim = database.spec.storage_growth.is_some();
+    storage_classes(&wanted_size, every_claim, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     unlabelled_pods(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;
     primary_lease(database, &mut observed, client, &context.lease_clock).await.map_err(ReconcileError::Observe)?;
     pooler_pods_left(database, &mut observed, client).await.map_err(ReconcileError::Observe)?;

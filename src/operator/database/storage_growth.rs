@@ -5,9 +5,10 @@
 
 use crate::api::database_service::{DatabaseService, DatabaseServiceStatus, StorageStatus};
 use crate::api::storage::{StorageGrowthSpec, VolumeReport};
+use crate::operator::conditions::{self, types::STORAGE_GROWTH};
 use crate::operator::database::failover::pass::report_of;
-use crate::operator::database::observe::claim_request;
-use crate::operator::journal::Journal;
+use crate::operator::database::observe::{claim_class, claim_request};
+use crate::operator::journal::{Journal, Transition};
 use crate::operator::ledger::LedgerEntry;
 use crate::quantity::parse_bytes;
 use chrono::{DateTime, Utc};
@@ -82,47 +83,122 @@ pub fn decide(
     Growth::Grow { from: current.to_string(), to, instance: instance.clone(), used_percent: volume.used_percent }
 }
 
-/// Records the growth in the status, the ledger and an Event; says once when the limit stops it.
+/// Records the growth in the status, condition `StorageGrowth`, the ledger and an Event; says once
+/// when the limit stops it or a claim's StorageClass (`not_expandable`) cannot grow.
 pub fn record(
     growth: &Growth,
     database: &DatabaseService,
+    not_expandable: Option<&str>,
     status: &mut DatabaseServiceStatus,
     journal: &mut Journal,
     now: DateTime<Utc>,
 ) {
+    let Some(spec) = database.spec.storage_growth.as_ref() else {
+        conditions::remove(&mut status.conditions, STORAGE_GROWTH);
+        return;
+    };
     let generation = database.metadata.generation.unwrap_or(0);
     let storage = status.storage.get_or_insert_with(StorageStatus::default);
-    match growth {
-        Growth::Idle => {
-            let limit = database.spec.storage_growth.as_ref().map(|spec| bytes(&spec.limit));
-            let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
-            if limit.is_none_or(|limit| bytes(&current) < limit) {
-                storage.at_limit = None;
-            }
-        }
+    let transition = match growth {
         Growth::Grow { from, to, instance, used_percent } => {
             storage.grown_to = Some(to.clone());
             storage.grown_from = Some(from.clone());
             storage.at_limit = None;
+            let at_limit = *to == spec.limit;
+            let message = format!(
+                "the data volume of {instance} was {used_percent}% full: every volume grows from {from} to {to}{}",
+                if at_limit { ", its limit: no further growth" } else { "" }
+            );
             let entry =
                 LedgerEntry::at(now, generation, "StorageGrown", from, to, format!("{instance} {used_percent}% full"));
-            let note = format!(
-                "the data volume of {instance} is {used_percent}% full: every volume grows from {from} to {to}"
-            );
-            journal.record(false, "StorageGrown", note, Some(entry));
+            let reason = if at_limit { "AtLimit" } else { "Grown" };
+            let transition = growth_transition(true, reason, "StorageGrown", message, Some(entry));
+            // Every growth is told, also a second one with the same reason.
+            journal.transition(&mut status.conditions, transition, generation, now);
+            return;
         }
         Growth::AtLimit { limit, instance, used_percent } => {
-            if storage.at_limit != Some(true) {
-                storage.at_limit = Some(true);
-                let entry = LedgerEntry::at(now, generation, "StorageGrowthLimitReached", limit, limit, instance);
-                let note = format!(
-                    "the data volume of {instance} is {used_percent}% full and at spec.storageGrowth.limit {limit}: \
-                     raise the limit or free space"
-                );
-                journal.record(true, "StorageGrowthLimitReached", note, Some(entry));
+            storage.at_limit = Some(true);
+            let message = format!(
+                "the data volume of {instance} is {used_percent}% full and at spec.storageGrowth.limit {limit}: \
+                 raise the limit or free space"
+            );
+            let entry = LedgerEntry::at(now, generation, "StorageGrowthLimitReached", limit, limit, instance);
+            growth_transition(false, "LimitReached", "StorageGrowthLimitReached", message, Some(entry))
+        }
+        Growth::Idle => {
+            let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
+            if bytes(&current) < bytes(&spec.limit) {
+                storage.at_limit = None;
+            }
+            match not_expandable {
+                Some(class) => {
+                    let message = format!(
+                        "StorageClass {class:?} does not allow volume expansion: spec.storageGrowth cannot grow \
+                         the volumes when they fill"
+                    );
+                    let entry = LedgerEntry::at(now, generation, "StorageGrowthImpossible", "", "", class);
+                    growth_transition(false, "ExpansionNotSupported", "StorageGrowthImpossible", message, Some(entry))
+                }
+                None if storage.at_limit == Some(true) || growth_condition_is(status, &["Grown", "AtLimit"]) => return,
+                None => {
+                    let message = format!(
+                        "volumes grow by {}% when one is {}% full, up to {}",
+                        spec.step_percent(),
+                        spec.when_used_percent(),
+                        spec.limit
+                    );
+                    if !growth_condition_is(status, &["Ready"]) {
+                        conditions::set(
+                            &mut status.conditions,
+                            STORAGE_GROWTH,
+                            true,
+                            "Ready",
+                            message,
+                            Some(generation),
+                            now,
+                        );
+                    }
+                    return;
+                }
             }
         }
+    };
+    journal.transition_on_change(&mut status.conditions, transition, generation, now);
+}
+
+fn growth_transition<'a>(
+    status: bool,
+    reason: &'a str,
+    event_reason: &'a str,
+    message: String,
+    entry: Option<LedgerEntry>,
+) -> Transition<'a> {
+    Transition {
+        condition: STORAGE_GROWTH,
+        status,
+        condition_reason: reason,
+        event_reason,
+        warning: !status,
+        message,
+        entry,
     }
+}
+
+/// Condition `StorageGrowth` is there, True, with one of `reasons`.
+fn growth_condition_is(status: &DatabaseServiceStatus, reasons: &[&str]) -> bool {
+    status.conditions.iter().any(|condition| {
+        condition.type_ == STORAGE_GROWTH && condition.status == "True" && reasons.contains(&condition.reason.as_str())
+    })
+}
+
+/// The first StorageClass of the claims that is known not to allow expansion.
+pub fn not_expandable<'a>(
+    claims: &[Arc<PersistentVolumeClaim>],
+    expandable: &'a std::collections::BTreeMap<String, bool>,
+) -> Option<&'a str> {
+    let classes: Vec<String> = claims.iter().map(|claim| claim_class(claim)).collect();
+    expandable.iter().find(|(class, allowed)| !**allowed && classes.contains(class)).map(|(class, _)| class.as_str())
 }
 
 /// A claim not yet at `wanted`, or asked for more than it has (its resize still under way).
@@ -201,6 +277,63 @@ mod tests {
         status.storage = Some(StorageStatus { grown_to: Some("1536Mi".into()), ..StorageStatus::default() });
         assert_eq!(wanted_size("1Gi", Some(&status)), "1536Mi");
         assert_eq!(wanted_size("2Gi", Some(&status)), "2Gi", "the user asked for more since");
+    }
+
+    fn growing_database(limit: &str) -> DatabaseService {
+        let mut database: DatabaseService = serde_json::from_value(serde_json::json!({
+            "apiVersion": "dbservice.dev/v1", "kind": "DatabaseService",
+            "metadata": {"name": "db", "namespace": "shop", "generation": 1},
+            "spec": {"version": "17", "storageSize": "1Gi", "databaseName": "app", "username": "app_user",
+                     "storageGrowth": {"limit": limit}},
+        }))
+        .unwrap();
+        database.status = Some(DatabaseServiceStatus::default());
+        database
+    }
+
+    fn condition(status: &DatabaseServiceStatus) -> (String, String) {
+        let found = status.conditions.iter().find(|condition| condition.type_ == STORAGE_GROWTH).unwrap();
+        (found.status.clone(), found.reason.clone())
+    }
+
+    #[test]
+    fn a_growth_is_told_each_time_and_the_limit_once() {
+        let database = growing_database("2Gi");
+        let mut status = DatabaseServiceStatus::default();
+        let mut journal = Journal::default();
+        record(&Growth::Idle, &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(condition(&status), ("True".into(), "Ready".into()));
+        assert!(journal.is_empty(), "nothing to tell yet");
+        let grow =
+            |to: &str| Growth::Grow { from: "1Gi".into(), to: to.into(), instance: "db-0".into(), used_percent: 85 };
+        record(&grow("1536Mi"), &database, None, &mut status, &mut journal, Utc::now());
+        record(&grow("2Gi"), &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(journal.reasons(), ["StorageGrown", "StorageGrown"]);
+        assert_eq!(condition(&status), ("True".into(), "AtLimit".into()));
+        let full = Growth::AtLimit { limit: "2Gi".into(), instance: "db-0".into(), used_percent: 90 };
+        record(&full, &database, None, &mut status, &mut journal, Utc::now());
+        record(&full, &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(journal.reasons(), ["StorageGrown", "StorageGrown", "StorageGrowthLimitReached"]);
+        assert_eq!(condition(&status), ("False".into(), "LimitReached".into()));
+        assert_eq!(status.storage.as_ref().and_then(|storage| storage.at_limit), Some(true));
+        assert_eq!(journal.entries.len(), 3, "each told in the ledger too");
+    }
+
+    #[test]
+    fn a_class_that_cannot_grow_is_told_once_before_any_volume_fills() {
+        let database = growing_database("4Gi");
+        let mut status = DatabaseServiceStatus::default();
+        let mut journal = Journal::default();
+        for _ in 0..2 {
+            record(&Growth::Idle, &database, Some("fixed"), &mut status, &mut journal, Utc::now());
+        }
+        assert_eq!(journal.reasons(), ["StorageGrowthImpossible"]);
+        assert_eq!(condition(&status), ("False".into(), "ExpansionNotSupported".into()));
+        assert!(journal.events[0].warning);
+        let mut without = database.clone();
+        without.spec.storage_growth = None;
+        record(&Growth::Idle, &without, None, &mut status, &mut journal, Utc::now());
+        assert!(status.conditions.iter().all(|condition| condition.type_ != STORAGE_GROWTH), "gone with the spec");
     }
 
     #[test]
