@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_WHEN_USED_PERCENT: u8 = 80;
 /// Default `stepPercent`: few resizes (a cloud may allow one per volume every few hours).
 pub const DEFAULT_STEP_PERCENT: u16 = 50;
-/// Fewest and most `whenUsedPercent` admitted.
-pub const WHEN_USED_PERCENT_RANGE: std::ops::RangeInclusive<u8> = 50..=95;
+/// Fewest and most `whenUsedPercent` admitted: growth comes before the alert DBServiceDiskAlmostFull
+/// (under 10 % free) can fire.
+pub const WHEN_USED_PERCENT_RANGE: std::ops::RangeInclusive<u8> = 50..=85;
 /// Fewest and most `stepPercent` admitted: at least 20 %, so that a grown volume's file system
 /// (a few percent smaller than its claim) is always larger than the whole volume was before.
 pub const STEP_PERCENT_RANGE: std::ops::RangeInclusive<u16> = 20..=200;
@@ -27,9 +28,10 @@ pub struct StorageGrowthSpec {
     /// spec.storageSize.
     #[schemars(length(max = 32))]
     pub limit: String,
-    /// Grow when a volume is this full (percent, 50 to 95). Defaults to 80.
+    /// Grow when a volume is this full (percent, 50 to 85: below the 90 % of the alert
+    /// DBServiceDiskAlmostFull, which so fires only when growth could not help). Defaults to 80.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 50, max = 95))]
+    #[schemars(range(min = 50, max = 85))]
     pub when_used_percent: Option<u8>,
     /// Grow by this much of the current size (percent, 20 to 200). Defaults to 50.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,9 +10,10 @@ use, a long test run never exhausts a pool.
 Claims of the --sized-storage-class get a volume of exactly their requested size instead: an ext4 file
 system in a sparse file beside the directory, loop-mounted on it, so that a test can fill a volume (the
 host's own file system has hundreds of gigabytes free). Reclaiming unmounts it and removes the file.
-It also resizes them, as a CSI driver's resizer and node plugin would: a bound claim of that class
-asking for more than its volume has gets its file and file system grown online (losetup -c,
-resize2fs), then the PV's capacity and the claim's status.capacity say the new size.
+Claims of the --growable-storage-class get the same in XFS, and are resized as a CSI driver's resizer
+and node plugin would: a bound claim asking for more than its volume has gets its file and file
+system grown online (losetup -c, xfs_growfs), then the PV's capacity and the claim's status.capacity
+say the new size. (ext4's online resize needs CAP_SYS_RESOURCE, which root may lack in a sandbox.)
 
 It polls the API once a second (two LISTs) with the admin certificate; it runs as a host process started
 by real-node.sh and stops with SIGTERM.
@@ -45,6 +46,7 @@ def main() -> int:
     parser.add_argument("--node", required=True)
     parser.add_argument("--storage-class", required=True)
     parser.add_argument("--sized-storage-class", help="claims of this class get a loop-mounted file system of their size")
+    parser.add_argument("--growable-storage-class", help="the same in XFS, grown online when the claim grows")
     parser.add_argument("--interval", type=float, default=1.0)
     arguments = parser.parse_args()
 
@@ -60,8 +62,8 @@ def main() -> int:
         try:
             provision(api, arguments, directory)
             reclaim(api, directory)
-            if arguments.sized_storage_class:
-                expand(api, arguments.sized_storage_class, directory)
+            if arguments.growable_storage_class:
+                expand(api, arguments.growable_storage_class, directory)
         except (urllib.error.URLError, OSError, ValueError, subprocess.SubprocessError) as error:
             log(f"pass failed (retrying): {error}")
         time.sleep(arguments.interval)
@@ -87,7 +89,8 @@ def provision(api: Api, arguments, directory: str) -> None:
         spec, metadata = claim["spec"], claim["metadata"]
         annotations = metadata.get("annotations") or {}
         storage_class = spec.get("storageClassName")
-        if storage_class not in (arguments.storage_class, arguments.sized_storage_class) or spec.get("volumeName"):
+        classes = (arguments.storage_class, arguments.sized_storage_class, arguments.growable_storage_class)
+        if storage_class not in classes or spec.get("volumeName"):
             continue
         if annotations.get("volume.kubernetes.io/selected-node") != arguments.node:
             continue
@@ -98,7 +101,9 @@ def provision(api: Api, arguments, directory: str) -> None:
         os.makedirs(path, mode=0o755, exist_ok=True)
         size = spec["resources"]["requests"]["storage"]
         if storage_class == arguments.sized_storage_class and not os.path.ismount(path):
-            make_sized_file_system(path, quantity_bytes(size))
+            make_sized_file_system(path, quantity_bytes(size), "ext4")
+        if storage_class == arguments.growable_storage_class and not os.path.ismount(path):
+            make_sized_file_system(path, quantity_bytes(size), "xfs")
         volume = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
@@ -180,22 +185,23 @@ def expand(api: Api, storage_class: str, directory: str) -> None:
 
 
 def grow_sized_file_system(path: str, size: int) -> None:
-    """Grows PATH.img to `size` bytes and the mounted ext4 file system in it, online."""
+    """Grows PATH.img to `size` bytes and the mounted XFS file system in it, online."""
     with open(path + ".img", "r+b") as file:
         file.truncate(size)
     device = subprocess.run(["findmnt", "-n", "-o", "SOURCE", path], check=True, timeout=30,
                             capture_output=True, text=True).stdout.strip()
     subprocess.run(["losetup", "-c", device], check=True, timeout=60)
-    subprocess.run(["resize2fs", device], check=True, timeout=300, capture_output=True)
+    subprocess.run(["xfs_growfs", path], check=True, timeout=300, capture_output=True)
 
 
-def make_sized_file_system(path: str, size: int) -> None:
-    """An ext4 file system of `size` bytes (no blocks reserved for root: PostgreSQL is not root) in
-    the sparse file PATH.img, loop-mounted on PATH."""
+def make_sized_file_system(path: str, size: int, kind: str) -> None:
+    """A file system of `size` bytes (ext4 with no blocks reserved for root: PostgreSQL is not
+    root; or XFS) in the sparse file PATH.img, loop-mounted on PATH."""
     image = path + ".img"
     with open(image, "wb") as file:
         file.truncate(size)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", image], check=True, timeout=120)
+    make = ["mkfs.ext4", "-q", "-F", "-m", "0", image] if kind == "ext4" else ["mkfs.xfs", "-q", "-f", image]
+    subprocess.run(make, check=True, timeout=120)
     subprocess.run(["mount", "-o", "loop", image, path], check=True, timeout=60)
     os.chmod(path, 0o755)
 

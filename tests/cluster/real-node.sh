@@ -71,6 +71,9 @@ TAINT_KEY=dbservice.dev/real-node
 STORAGE_CLASS=real-local
 # Volumes of exactly the claimed size (a loop-mounted file system), for tests that fill one.
 SIZED_STORAGE_CLASS=real-local-sized
+# The same in XFS, which the provisioner grows online when a claim asks for more (ext4's online
+# resize needs CAP_SYS_RESOURCE, which this machine's root may not have; XFS's needs CAP_SYS_ADMIN).
+GROWABLE_STORAGE_CLASS=real-local-growable
 
 log() { printf '[real-node] %s\n' "$*" >&2; }
 die() { printf '[real-node] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -108,7 +111,7 @@ install_packages() {
   local command missing=()
   declare -A needed=([containerd]=containerd [runc]=runc [iptables]=iptables [conntrack]=conntrack
     [socat]=socat [buildah]=buildah [gcc]=gcc [debootstrap]=debootstrap [make]=make [curl]=curl [pkg-config]=pkg-config
-    [mkfs.ext4]=e2fsprogs [losetup]=mount)
+    [mkfs.ext4]=e2fsprogs [mkfs.xfs]=xfsprogs [losetup]=mount)
   for command in "${!needed[@]}"; do command -v "$command" >/dev/null || missing+=("${needed[$command]}"); done
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   [ -x /bin/busybox ] || missing+=(busybox-static)
@@ -380,11 +383,11 @@ EOF
 start_provisioner() {
   mkdir -p "$RN/volumes"
   local class expandable
-  # Only the sized volumes can grow (the provisioner resizes their file systems); a directory on the
+  # Only the growable volumes can grow (the provisioner grows their file systems); a directory on the
   # host's disk has no size to grow.
-  for class in "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS"; do
+  for class in "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS" "$GROWABLE_STORAGE_CLASS"; do
     expandable=false
-    [ "$class" = "$SIZED_STORAGE_CLASS" ] && expandable=true
+    [ "$class" = "$GROWABLE_STORAGE_CLASS" ] && expandable=true
     kubectl apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -400,7 +403,7 @@ EOF
   start provisioner python3 "$here/local-provisioner.py" --server "$APISERVER_URL" --ca "$PKI/ca.crt" \
     --certificate "$PKI/admin.crt" --key "$PKI/admin.key" \
     --directory "$RN/volumes" --node "$NODE" --storage-class "$STORAGE_CLASS" \
-    --sized-storage-class "$SIZED_STORAGE_CLASS"
+    --sized-storage-class "$SIZED_STORAGE_CLASS" --growable-storage-class "$GROWABLE_STORAGE_CLASS"
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -448,6 +451,7 @@ write_environment() {
 REAL_NODE=$NODE
 REAL_NODE_STORAGE_CLASS=$STORAGE_CLASS
 REAL_NODE_SIZED_STORAGE_CLASS=$SIZED_STORAGE_CLASS
+REAL_NODE_GROWABLE_STORAGE_CLASS=$GROWABLE_STORAGE_CLASS
 REAL_NODE_POSTGRES_VERSION=$DEFAULT_POSTGRES_VERSION
 REAL_NODE_POSTGRES_IMAGE=$DEFAULT_POSTGRES_IMAGE
 # The other majors' versions (images docker.io/library/postgres:<version>): Debian's 15 and the PyPI wheels.
@@ -511,7 +515,7 @@ down() {
     delete_node_pods
     kubectl delete node "$NODE" --ignore-not-found >/dev/null 2>&1 || true
     kubectl -n default delete endpointslice kubernetes-real-node --ignore-not-found >/dev/null 2>&1 || true
-    kubectl delete storageclass "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS" --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete storageclass "$STORAGE_CLASS" "$SIZED_STORAGE_CLASS" "$GROWABLE_STORAGE_CLASS" --ignore-not-found >/dev/null 2>&1 || true
     kubectl delete -f "$here/manifests/real-node-rbac.yaml" --ignore-not-found >/dev/null 2>&1 || true
   fi
   stop provisioner; stop apiserver-relay; stop coredns; stop kube-proxy; stop kubelet

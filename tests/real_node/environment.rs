@@ -27,6 +27,8 @@ pub struct RealNode {
     /// StorageClass of volumes of exactly the claimed size (a loop-mounted file system that a
     /// test can fill).
     pub sized_storage_class: String,
+    /// The same in XFS, grown online by the test provisioner when a claim grows (expandable).
+    pub growable_storage_class: String,
     /// The operator image built from the Dockerfile (images.sh operator).
     pub operator_image: String,
     /// A busybox image for the node's own checks.
@@ -75,6 +77,7 @@ fn read_real_node() -> Option<RealNode> {
             .unwrap_or_default(),
         storage_class: values.get("REAL_NODE_STORAGE_CLASS")?.to_string(),
         sized_storage_class: values.get("REAL_NODE_SIZED_STORAGE_CLASS")?.to_string(),
+        growable_storage_class: values.get("REAL_NODE_GROWABLE_STORAGE_CLASS")?.to_string(),
         operator_image,
         busybox_image: values.get("REAL_NODE_BUSYBOX_IMAGE")?.to_string(),
         pgbouncer_image: values.get("REAL_NODE_PGBOUNCER_IMAGE")?.to_string(),

@@ -1,6 +1,6 @@
-//! Automatic volume growth (issue 42) on the real node: a database of two instances on sized
-//! volumes (ext4 file systems of exactly their claim, which the test provisioner resizes online as
-//! a CSI driver would) with `spec.storageGrowth`. Filling the primary's volume past the threshold
+//! Automatic volume growth (issue 42) on the real node: a database of two instances on growable
+//! volumes (XFS file systems of exactly their claim, which the test provisioner grows online as a
+//! CSI driver would) with `spec.storageGrowth`. Filling the primary's volume past the threshold
 //! grows every claim by the step, the file systems the pods see grow with them, PostgreSQL keeps
 //! taking writes, and the ledger and Events say so; at the limit growth stops and says that once.
 
@@ -15,7 +15,8 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use std::time::{Duration, Instant};
 
-const DATABASE: &str = "growing";
+/// The fault beds' name, which the failover helpers (settled, other_of_two) look for.
+use crate::failover::DATABASE;
 /// The manual's bound from a volume past the threshold to every claim at its new size
 /// (docs/manual/src/operations/storage.md).
 const GROWN_WITHIN: Duration = Duration::from_secs(60);
@@ -41,31 +42,22 @@ async fn claim_sizes(client: &Client, namespace: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The data volume's size and use as `df` in the pod sees them, in KiB.
+/// The data volume's size and use as `df` in the pod sees them, in KiB (`df -Pk`: the image's
+/// busybox has no `--output`).
 fn volume_in_pod(namespace: &str, pod: &str) -> (u64, u64) {
-    let text = kubectl(&[
-        "-n",
-        namespace,
-        "exec",
-        pod,
-        "-c",
-        "postgres",
-        "--",
-        "df",
-        "-k",
-        "--output=size,used",
-        "/var/lib/postgresql/data",
-    ]);
+    let text =
+        kubectl(&["-n", namespace, "exec", pod, "-c", "postgres", "--", "df", "-Pk", "/var/lib/postgresql/data"]);
     let line = text.lines().last().unwrap_or_default();
-    let mut numbers = line.split_whitespace().map(|number| number.parse::<u64>().unwrap_or(0));
+    let mut numbers = line.split_whitespace().skip(1).map(|number| number.parse::<u64>().unwrap_or(0));
     (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
 }
 
-/// Fills `pod`'s data volume to `percent` with a file beside the data directory.
+/// Fills `pod`'s data volume to `percent` with a file beside the data directory (at 100 %, to the
+/// last byte: the write that finds no room ends the fill).
 fn fill(namespace: &str, pod: &str, percent: u64, file: &str) {
     let (size, used) = volume_in_pod(namespace, pod);
     let more = (size * percent / 100).saturating_sub(used);
-    let write = format!("head -c {} /dev/zero > /var/lib/postgresql/data/{file} && sync", more * 1024);
+    let write = format!("head -c {} /dev/zero > /var/lib/postgresql/data/{file}; sync; true", more * 1024);
     kubectl(&["-n", namespace, "exec", pod, "-c", "postgres", "--", "sh", "-c", &write]);
 }
 
@@ -97,7 +89,7 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     let ns = namespace.name.as_str();
     let databases: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
     let mut database = real_database(node, DATABASE, 2, "Delete");
-    database.spec.storage_class_name = Some(node.sized_storage_class.clone());
+    database.spec.storage_class_name = Some(node.growable_storage_class.clone());
     database.spec.storage_growth = Some(
         serde_json::from_value(serde_json::json!({"limit": "2Gi", "whenUsedPercent": 80, "stepPercent": 50})).unwrap(),
     );
@@ -109,6 +101,8 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
         &primary,
         "create table kept as select i, md5(i::text) as note from generate_series(1, 5000) i",
     );
+    // Stored as written (no compression), so that a batch of rows takes the room it says.
+    psql_in_instance(ns, &primary, "alter table kept alter column note set storage external");
     assert_eq!(claim_sizes(&client, ns).await, vec![(1024, 1024), (1024, 1024)], "1Gi claims before any growth");
     let (size_before, _) = volume_in_pod(ns, &primary);
 
@@ -149,9 +143,8 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
 
     // 2. The volume filled to the last byte: PostgreSQL cannot write, the volumes grow to the limit
     // (the next step would pass it), and it takes writes again with every row it had.
-    let fill_all = "head -c 4294967296 /dev/zero > /var/lib/postgresql/data/filler-2 2>/dev/null; sync; true";
-    kubectl(&["-n", ns, "exec", &primary, "-c", "postgres", "--", "sh", "-c", fill_all]);
     let full = Instant::now();
+    fill(ns, &primary, 100, "filler-2");
     let took = grown_to(&client, ns, 2048, full).await;
     let back = eventually("writes taken again after the growth", Duration::from_secs(120), || async {
         let sql = "insert into kept values (0, 'after'); select count(*) from kept";
