@@ -299,10 +299,18 @@ pub struct StorageStatus {
     /// The size the operator grew every volume to (spec.storageGrowth), above spec.storageSize.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grown_to: Option<String>,
-    /// The size the volumes had before that growth: a volume that reports no more than this has
-    /// not grown yet, and does not count towards the next growth.
+    /// The size the volumes were asked for before that growth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grown_from: Option<String>,
+    /// The largest volume size (bytes) the agents reported when the volumes last grew: once the
+    /// claims' capacity has grown past `capacityBytesBeforeGrowth`, a report of no more than this
+    /// is from before the growth and does not count towards the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reported_bytes_before_growth: Option<u64>,
+    /// The smallest claim capacity (bytes) when the volumes last grew. A driver that rounds sizes up
+    /// may leave it unchanged by a small growth; the reports are then current as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes_before_growth: Option<u64>,
     /// A volume is past spec.storageGrowth.whenUsedPercent and already at its limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_limit: Option<bool>,

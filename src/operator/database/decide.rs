@@ -168,8 +168,12 @@ pub fn decide(input: &DecideInput) -> Decision {
         &mut journal,
         now,
     );
-    let growth = storage_growth::plan(database, &observed.pods, &observed.claims);
     let not_expandable = storage_growth::not_expandable(&observed.claims, &observed.expandable_classes);
+    // A class that cannot grow is told (StorageGrowth False); nothing is recorded as grown.
+    let growth = match not_expandable {
+        Some(_) => storage_growth::Growth::Idle,
+        None => storage_growth::plan(database, &observed.pods, &observed.claims),
+    };
     storage_growth::record(&growth, database, not_expandable, &mut status, &mut journal, now);
     let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
@@ -717,7 +721,9 @@ fn claim_change(
         change.owner_references = Some(references);
     }
     let requested = claim_request(claim);
-    if parse_bytes(&requested).unwrap_or(0) < wanted_bytes {
+    // Only a bound claim's request may change (the API refuses it on a pending one, and the
+    // refusal would stop the whole pass): a claim still pending is grown once bound.
+    if parse_bytes(&requested).unwrap_or(0) < wanted_bytes && storage_growth::bound(claim) {
         let class = claim_class(claim);
         if observed.expandable_classes.get(&class).copied().unwrap_or(false) {
             change.storage = Some(wanted.to_string());

@@ -235,6 +235,12 @@ pub async fn storage_classes(
         if observed.expandable_classes.contains_key(&class) {
             continue;
         }
+        if class.is_empty() {
+            // No class (no default class when it was made, or a static volume): nothing to ask,
+            // and it cannot be expanded.
+            observed.expandable_classes.insert(class, false);
+            continue;
+        }
         let expandable = classes.get_opt(&class).await?.and_then(|class| class.allow_volume_expansion).unwrap_or(false);
         observed.expandable_classes.insert(class, expandable);
     }

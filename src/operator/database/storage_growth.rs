@@ -24,8 +24,9 @@ const GIB: u128 = 1024 * MIB;
 pub enum Growth {
     /// Nothing: no growth asked for, no volume past the threshold, or a growth still under way.
     Idle,
-    /// Grow every volume from `from` to `to`, because `instance`'s is `used_percent` full.
-    Grow { from: String, to: String, instance: String, used_percent: u8 },
+    /// Grow every volume from `from` to `to`, because `instance`'s is `used_percent` full; the
+    /// largest reported size and the smallest claim capacity now, to tell stale reports later.
+    Grow { from: String, to: String, instance: String, used_percent: u8, reported_bytes: u64, capacity_bytes: u64 },
     /// `instance`'s volume is `used_percent` full and the volumes are at `limit` already.
     AtLimit { limit: String, instance: String, used_percent: u8 },
 }
@@ -39,25 +40,55 @@ pub fn wanted_size(spec_size: &str, status: Option<&DatabaseServiceStatus>) -> S
     }
 }
 
-/// The growth this pass asks for, from the instances' reports and the claims.
+/// The growth this pass asks for, from the instances' reports and the claims. Only the bound
+/// claims of running instances count: a claim kept after a scale-down, or one not bound yet, has
+/// no file system that reports, and must not hold the others' growth.
 pub fn plan(database: &DatabaseService, pods: &[Arc<Pod>], claims: &[Arc<PersistentVolumeClaim>]) -> Growth {
     let Some(spec) = database.spec.storage_growth.as_ref() else { return Growth::Idle };
-    let status = database.status.as_ref();
-    let current = wanted_size(&database.spec.storage_size, status);
-    let grown_from = status.and_then(|status| status.storage.as_ref()?.grown_from.as_deref()).map(bytes);
+    let storage = database.status.as_ref().and_then(|status| status.storage.as_ref());
+    let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
     let volumes: Vec<(String, VolumeReport)> =
         pods.iter().filter_map(|pod| Some((pod.name_any(), report_of(pod)?.volume?))).collect();
-    let resizing = claims.iter().any(|claim| resizing(claim, bytes(&current)));
-    decide(spec, &current, grown_from.unwrap_or(0), &volumes, resizing)
+    let in_use: Vec<&Arc<PersistentVolumeClaim>> = claims
+        .iter()
+        .filter(|claim| bound(claim) && pods.iter().any(|pod| claim.name_any() == format!("data-{}", pod.name_any())))
+        .collect();
+    let resizing = in_use.iter().any(|claim| resizing(claim, bytes(&current)));
+    let capacity_now = in_use.iter().map(|claim| capacity(claim)).min().unwrap_or(0);
+    let stale_up_to = stale_up_to(
+        storage.and_then(|storage| storage.reported_bytes_before_growth),
+        storage.and_then(|storage| storage.capacity_bytes_before_growth),
+        capacity_now,
+    );
+    let seen = Seen { capacity_bytes: u64::try_from(capacity_now).unwrap_or(u64::MAX), stale_up_to };
+    decide(spec, &current, &seen, &volumes, resizing)
 }
 
-/// The decision, from the current size, the size before the last growth (volumes reporting no
-/// more than that have not grown yet: their use says nothing about the current size), the
-/// volumes' reports and whether a claim is still being resized.
+/// Reports of a volume up to this size are from before the last growth: its largest report then,
+/// once the claims' capacity has grown past what it was (a driver that rounds sizes up may not
+/// grow a disk for a small step: the reports are then current as they are).
+fn stale_up_to(reported_before: Option<u64>, capacity_before: Option<u64>, capacity_now: u128) -> u128 {
+    match reported_before {
+        Some(reported) if capacity_now > u128::from(capacity_before.unwrap_or(0)) => u128::from(reported),
+        _ => 0,
+    }
+}
+
+/// What tells a current report from a stale one, and the claims' capacity now.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    /// The smallest capacity of the claims in use.
+    pub capacity_bytes: u64,
+    /// Reports of a volume no larger than this are from before the last growth.
+    pub stale_up_to: u128,
+}
+
+/// The decision, from the current size, what tells stale reports (see [`Seen`]), the volumes'
+/// reports and whether a claim is still being resized.
 pub fn decide(
     spec: &StorageGrowthSpec,
     current: &str,
-    grown_from: u128,
+    seen: &Seen,
     volumes: &[(String, VolumeReport)],
     resizing: bool,
 ) -> Growth {
@@ -66,7 +97,7 @@ pub fn decide(
     }
     let fullest = volumes
         .iter()
-        .filter(|(_, volume)| u128::from(volume.size_bytes) > grown_from)
+        .filter(|(_, volume)| u128::from(volume.size_bytes) > seen.stale_up_to)
         .filter(|(_, volume)| volume.used_percent >= spec.when_used_percent())
         .max_by_key(|(_, volume)| volume.used_percent);
     let Some((instance, volume)) = fullest else { return Growth::Idle };
@@ -80,7 +111,14 @@ pub fn decide(
     }
     let step = (current_bytes * u128::from(spec.step_percent())).div_ceil(100);
     let to = if current_bytes + step >= limit_bytes { spec.limit.clone() } else { quantity(current_bytes + step) };
-    Growth::Grow { from: current.to_string(), to, instance: instance.clone(), used_percent: volume.used_percent }
+    Growth::Grow {
+        from: current.to_string(),
+        to,
+        instance: instance.clone(),
+        used_percent: volume.used_percent,
+        reported_bytes: volumes.iter().map(|(_, volume)| volume.size_bytes).max().unwrap_or(0),
+        capacity_bytes: seen.capacity_bytes,
+    }
 }
 
 /// Records the growth in the status, condition `StorageGrowth`, the ledger and an Event; says once
@@ -100,9 +138,11 @@ pub fn record(
     let generation = database.metadata.generation.unwrap_or(0);
     let storage = status.storage.get_or_insert_with(StorageStatus::default);
     let transition = match growth {
-        Growth::Grow { from, to, instance, used_percent } => {
+        Growth::Grow { from, to, instance, used_percent, reported_bytes, capacity_bytes } => {
             storage.grown_to = Some(to.clone());
             storage.grown_from = Some(from.clone());
+            storage.reported_bytes_before_growth = Some(*reported_bytes);
+            storage.capacity_bytes_before_growth = Some(*capacity_bytes);
             storage.at_limit = None;
             let at_limit = *to == spec.limit;
             let message = format!(
@@ -133,10 +173,12 @@ pub fn record(
             }
             match not_expandable {
                 Some(class) => {
-                    let message = format!(
-                        "StorageClass {class:?} does not allow volume expansion: spec.storageGrowth cannot grow \
-                         the volumes when they fill"
-                    );
+                    let why = if class.is_empty() {
+                        "a claim has no StorageClass".to_string()
+                    } else {
+                        format!("StorageClass {class:?} does not allow volume expansion")
+                    };
+                    let message = format!("{why}: spec.storageGrowth cannot grow the volumes when they fill");
                     let entry = LedgerEntry::at(now, generation, "StorageGrowthImpossible", "", "", class);
                     growth_transition(false, "ExpansionNotSupported", "StorageGrowthImpossible", message, Some(entry))
                 }
@@ -204,12 +246,21 @@ pub fn not_expandable<'a>(
 /// A claim not yet at `wanted`, or asked for more than it has (its resize still under way).
 fn resizing(claim: &PersistentVolumeClaim, wanted: u128) -> bool {
     let requested = bytes(&claim_request(claim));
-    let capacity = claim
+    requested < wanted || capacity(claim) < requested
+}
+
+/// A claim's capacity (its status).
+fn capacity(claim: &PersistentVolumeClaim) -> u128 {
+    claim
         .status
         .as_ref()
         .and_then(|status| status.capacity.as_ref()?.get("storage"))
-        .map_or(0, |quantity| bytes(&quantity.0));
-    requested < wanted || capacity < requested
+        .map_or(0, |quantity| bytes(&quantity.0))
+}
+
+/// The claim is bound to a volume.
+pub fn bound(claim: &PersistentVolumeClaim) -> bool {
+    claim.status.as_ref().and_then(|status| status.phase.as_deref()) == Some("Bound")
 }
 
 fn bytes(quantity: &str) -> u128 {
@@ -242,32 +293,58 @@ mod tests {
     #[test]
     fn a_volume_past_the_threshold_grows_every_volume_by_the_step() {
         let volumes = [volume("db-0", GI - (40 << 20), 75), volume("db-1", GI - (40 << 20), 85)];
-        let growth = decide(&spec("4Gi"), "1Gi", 0, &volumes, false);
+        let growth = decide(&spec("4Gi"), "1Gi", &Seen::default(), &volumes, false);
         assert_eq!(
             growth,
-            Growth::Grow { from: "1Gi".into(), to: "1536Mi".into(), instance: "db-1".into(), used_percent: 85 }
+            Growth::Grow {
+                from: "1Gi".into(),
+                to: "1536Mi".into(),
+                instance: "db-1".into(),
+                used_percent: 85,
+                reported_bytes: GI - (40 << 20),
+                capacity_bytes: 0
+            }
         );
-        assert_eq!(decide(&spec("4Gi"), "1Gi", 0, &volumes[..1], false), Growth::Idle, "below the threshold");
+        assert_eq!(
+            decide(&spec("4Gi"), "1Gi", &Seen::default(), &volumes[..1], false),
+            Growth::Idle,
+            "below the threshold"
+        );
     }
 
     #[test]
     fn growth_stops_at_the_limit_and_says_so() {
         let full = [volume("db-0", GI, 90)];
-        let to_limit = decide(&spec("1200Mi"), "1Gi", 0, &full, false);
+        let to_limit = decide(&spec("1200Mi"), "1Gi", &Seen::default(), &full, false);
         assert!(matches!(&to_limit, Growth::Grow { to, .. } if to == "1200Mi"), "{to_limit:?}");
-        let at_limit = decide(&spec("1Gi"), "1Gi", 0, &full, false);
+        let at_limit = decide(&spec("1Gi"), "1Gi", &Seen::default(), &full, false);
         assert_eq!(at_limit, Growth::AtLimit { limit: "1Gi".into(), instance: "db-0".into(), used_percent: 90 });
     }
 
     #[test]
     fn no_second_growth_before_the_first_is_done() {
         let full = [volume("db-0", GI, 90)];
-        assert_eq!(decide(&spec("4Gi"), "1536Mi", 0, &full, true), Growth::Idle, "a claim still resizing");
+        assert_eq!(
+            decide(&spec("4Gi"), "1536Mi", &Seen::default(), &full, true),
+            Growth::Idle,
+            "a claim still resizing"
+        );
         // The claims are done, but the volume still reports its old size (and so its old use).
-        assert_eq!(decide(&spec("4Gi"), "1536Mi", u128::from(GI), &full, false), Growth::Idle);
+        let stale = Seen { capacity_bytes: 1536 << 20, stale_up_to: u128::from(GI) };
+        assert_eq!(decide(&spec("4Gi"), "1536Mi", &stale, &full, false), Growth::Idle);
         let grown = [volume("db-0", 1536 * (1 << 20) - (60 << 20), 85)];
-        let next = decide(&spec("4Gi"), "1536Mi", u128::from(GI), &grown, false);
+        let next = decide(&spec("4Gi"), "1536Mi", &stale, &grown, false);
         assert!(matches!(&next, Growth::Grow { to, .. } if to == "2304Mi"), "{next:?}");
+    }
+
+    #[test]
+    fn reports_are_stale_only_once_the_disks_really_grew() {
+        assert_eq!(stale_up_to(None, None, 1 << 30), 0, "before any growth every report counts");
+        // Asked 1536Mi, given 2Gi (rounded up), reported 1.9Gi; then asked 2304Mi, given 3Gi.
+        let reported = 1900 << 20;
+        assert_eq!(stale_up_to(Some(reported), Some(2 << 30), 3 << 30), u128::from(reported));
+        // Asked 1843Mi while already given 2Gi: the disk did not grow, the report is current.
+        assert_eq!(stale_up_to(Some(reported), Some(2 << 30), 2 << 30), 0);
     }
 
     #[test]
@@ -304,8 +381,14 @@ mod tests {
         record(&Growth::Idle, &database, None, &mut status, &mut journal, Utc::now());
         assert_eq!(condition(&status), ("True".into(), "Ready".into()));
         assert!(journal.is_empty(), "nothing to tell yet");
-        let grow =
-            |to: &str| Growth::Grow { from: "1Gi".into(), to: to.into(), instance: "db-0".into(), used_percent: 85 };
+        let grow = |to: &str| Growth::Grow {
+            from: "1Gi".into(),
+            to: to.into(),
+            instance: "db-0".into(),
+            used_percent: 85,
+            reported_bytes: GI,
+            capacity_bytes: GI,
+        };
         record(&grow("1536Mi"), &database, None, &mut status, &mut journal, Utc::now());
         record(&grow("2Gi"), &database, None, &mut status, &mut journal, Utc::now());
         assert_eq!(journal.reasons(), ["StorageGrown", "StorageGrown"]);
