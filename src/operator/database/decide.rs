@@ -168,14 +168,7 @@ pub fn decide(input: &DecideInput) -> Decision {
         &mut journal,
         now,
     );
-    let not_expandable = storage_growth::not_expandable(&observed.claims, &observed.expandable_classes);
-    // A class that cannot grow is told (StorageGrowth False); nothing is recorded as grown.
-    let growth = match not_expandable {
-        Some(_) => storage_growth::Growth::Idle,
-        None => storage_growth::plan(database, &observed.pods, &observed.claims),
-    };
-    storage_growth::record(&growth, database, not_expandable, &mut status, &mut journal, now);
-    let claim_changes = decide_claims(database, observed, &mut status, &mut journal, now);
+    let claim_changes = decide_storage(database, observed, &mut status, &mut journal, now);
     let primary = failover.primary.as_deref();
     let primary_report = primary_archiving_report(observed, primary);
     let archiving = decide_archiving(
@@ -656,6 +649,24 @@ pub fn credentials_conflict(decision: &mut Decision, database: &DatabaseService,
     decision.workload = None;
     // The foreign Secret carries none of our labels, so no watch event says when it goes.
     decision.requeue = Some(Duration::from_secs(30));
+}
+
+/// Growth of the volumes (spec.storageGrowth), then the claims' changes it and the spec ask for.
+fn decide_storage(
+    database: &DatabaseService,
+    observed: &Observed,
+    status: &mut DatabaseServiceStatus,
+    journal: &mut Journal,
+    now: DateTime<Utc>,
+) -> Vec<ClaimChange> {
+    let not_expandable = storage_growth::not_expandable(&observed.claims, &observed.expandable_classes);
+    // A class that cannot grow is told (StorageGrowth False); nothing is recorded as grown.
+    let growth = match not_expandable {
+        Some(_) => storage_growth::Growth::Idle,
+        None => storage_growth::plan(database, &observed.pods, &observed.claims),
+    };
+    storage_growth::record(&growth, database, not_expandable, status, journal, now);
+    decide_claims(database, observed, status, journal, now)
 }
 
 /// Owner references on the claims made for this DatabaseService, expansion when storageSize

@@ -184,7 +184,7 @@ async fn observe(database: &DatabaseService, context: &PassContext) -> Result<Ob
     let client = &context.shared.client;
     let mut observed = from_caches(database, &context.stores);
     let wanted_size = match storage_growth::plan(database, &observed.pods, &observed.claims) {
-        storage_growth::Growth::Grow { to, .. } => to,
+        storage_growth::Growth::Grow(step) => step.to,
         _ => storage_growth::wanted_size(&database.spec.storage_size, database.status.as_ref()),
     };
     let every_claim = database.spec.storage_growth.is_some();

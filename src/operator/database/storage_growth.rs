@@ -24,11 +24,22 @@ const GIB: u128 = 1024 * MIB;
 pub enum Growth {
     /// Nothing: no growth asked for, no volume past the threshold, or a growth still under way.
     Idle,
-    /// Grow every volume from `from` to `to`, because `instance`'s is `used_percent` full; the
-    /// largest reported size and the smallest claim capacity now, to tell stale reports later.
-    Grow { from: String, to: String, instance: String, used_percent: u8, reported_bytes: u64, capacity_bytes: u64 },
+    /// Grow every volume by a step.
+    Grow(Step),
     /// `instance`'s volume is `used_percent` full and the volumes are at `limit` already.
     AtLimit { limit: String, instance: String, used_percent: u8 },
+}
+
+/// One growth: every volume from `from` to `to`, because `instance`'s is `used_percent` full; the
+/// largest reported size and the smallest claim capacity now, to tell stale reports later.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub from: String,
+    pub to: String,
+    pub instance: String,
+    pub used_percent: u8,
+    pub reported_bytes: u64,
+    pub capacity_bytes: u64,
 }
 
 /// The size every data volume should have: spec.storageSize, or what growth made of it.
@@ -111,14 +122,14 @@ pub fn decide(
     }
     let step = (current_bytes * u128::from(spec.step_percent())).div_ceil(100);
     let to = if current_bytes + step >= limit_bytes { spec.limit.clone() } else { quantity(current_bytes + step) };
-    Growth::Grow {
+    Growth::Grow(Step {
         from: current.to_string(),
         to,
         instance: instance.clone(),
         used_percent: volume.used_percent,
         reported_bytes: volumes.iter().map(|(_, volume)| volume.size_bytes).max().unwrap_or(0),
         capacity_bytes: seen.capacity_bytes,
-    }
+    })
 }
 
 /// Records the growth in the status, condition `StorageGrowth`, the ledger and an Event; says once
@@ -136,29 +147,15 @@ pub fn record(
         return;
     };
     let generation = database.metadata.generation.unwrap_or(0);
-    let storage = status.storage.get_or_insert_with(StorageStatus::default);
     let transition = match growth {
-        Growth::Grow { from, to, instance, used_percent, reported_bytes, capacity_bytes } => {
-            storage.grown_to = Some(to.clone());
-            storage.grown_from = Some(from.clone());
-            storage.reported_bytes_before_growth = Some(*reported_bytes);
-            storage.capacity_bytes_before_growth = Some(*capacity_bytes);
-            storage.at_limit = None;
-            let at_limit = *to == spec.limit;
-            let message = format!(
-                "the data volume of {instance} was {used_percent}% full: every volume grows from {from} to {to}{}",
-                if at_limit { ", its limit: no further growth" } else { "" }
-            );
-            let entry =
-                LedgerEntry::at(now, generation, "StorageGrown", from, to, format!("{instance} {used_percent}% full"));
-            let reason = if at_limit { "AtLimit" } else { "Grown" };
-            let transition = growth_transition(true, reason, "StorageGrown", message, Some(entry));
+        Growth::Grow(step) => {
             // Every growth is told, also a second one with the same reason.
+            let transition = grown(step, spec, status, generation, now);
             journal.transition(&mut status.conditions, transition, generation, now);
             return;
         }
         Growth::AtLimit { limit, instance, used_percent } => {
-            storage.at_limit = Some(true);
+            status.storage.get_or_insert_with(StorageStatus::default).at_limit = Some(true);
             let message = format!(
                 "the data volume of {instance} is {used_percent}% full and at spec.storageGrowth.limit {limit}: \
                  raise the limit or free space"
@@ -166,56 +163,92 @@ pub fn record(
             let entry = LedgerEntry::at(now, generation, "StorageGrowthLimitReached", limit, limit, instance);
             growth_transition(false, "LimitReached", "StorageGrowthLimitReached", message, Some(entry))
         }
-        Growth::Idle => {
-            let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
-            if bytes(&current) < bytes(&spec.limit) {
-                storage.at_limit = None;
-            }
-            match not_expandable {
-                Some(class) => {
-                    let why = if class.is_empty() {
-                        "a claim has no StorageClass".to_string()
-                    } else {
-                        format!("StorageClass {class:?} does not allow volume expansion")
-                    };
-                    let message = format!("{why}: spec.storageGrowth cannot grow the volumes when they fill");
-                    let entry = LedgerEntry::at(now, generation, "StorageGrowthImpossible", "", "", class);
-                    growth_transition(false, "ExpansionNotSupported", "StorageGrowthImpossible", message, Some(entry))
-                }
-                None if storage.at_limit == Some(true) || growth_condition_is(status, &["Grown", "AtLimit"]) => return,
-                None => {
-                    let message = format!(
-                        "volumes grow by {}% when one is {}% full, up to {}",
-                        spec.step_percent(),
-                        spec.when_used_percent(),
-                        spec.limit
-                    );
-                    if !growth_condition_is(status, &["Ready"]) {
-                        conditions::set(
-                            &mut status.conditions,
-                            STORAGE_GROWTH,
-                            true,
-                            "Ready",
-                            message,
-                            Some(generation),
-                            now,
-                        );
-                    }
-                    return;
-                }
-            }
-        }
+        Growth::Idle => match idle(database, spec, not_expandable, status, generation, now) {
+            Some(transition) => transition,
+            None => return,
+        },
     };
     journal.transition_on_change(&mut status.conditions, transition, generation, now);
 }
 
-fn growth_transition<'a>(
+/// A growth in the status, and its transition (condition `Grown`, or `AtLimit` when it reached
+/// the limit).
+fn grown(
+    step: &Step,
+    spec: &StorageGrowthSpec,
+    status: &mut DatabaseServiceStatus,
+    generation: i64,
+    now: DateTime<Utc>,
+) -> Transition<'static> {
+    let Step { from, to, instance, used_percent, reported_bytes, capacity_bytes } = step;
+    let storage = status.storage.get_or_insert_with(StorageStatus::default);
+    storage.grown_to = Some(to.clone());
+    storage.grown_from = Some(from.clone());
+    storage.reported_bytes_before_growth = Some(*reported_bytes);
+    storage.capacity_bytes_before_growth = Some(*capacity_bytes);
+    storage.at_limit = None;
+    let at_limit = *to == spec.limit;
+    let message = format!(
+        "the data volume of {instance} was {used_percent}% full: every volume grows from {from} to {to}{}",
+        if at_limit { ", its limit: no further growth" } else { "" }
+    );
+    let entry = LedgerEntry::at(now, generation, "StorageGrown", from, to, format!("{instance} {used_percent}% full"));
+    let reason = if at_limit { "AtLimit" } else { "Grown" };
+    growth_transition(true, reason, "StorageGrown", message, Some(entry))
+}
+
+/// No growth this pass: a class that cannot grow is told; else condition `Ready` is set once
+/// (quietly) unless a growth or the limit is what it says.
+fn idle(
+    database: &DatabaseService,
+    spec: &StorageGrowthSpec,
+    not_expandable: Option<&str>,
+    status: &mut DatabaseServiceStatus,
+    generation: i64,
+    now: DateTime<Utc>,
+) -> Option<Transition<'static>> {
+    let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
+    let storage = status.storage.get_or_insert_with(StorageStatus::default);
+    if bytes(&current) < bytes(&spec.limit) {
+        storage.at_limit = None;
+    }
+    if let Some(class) = not_expandable {
+        let why = if class.is_empty() {
+            "a claim has no StorageClass".to_string()
+        } else {
+            format!("StorageClass {class:?} does not allow volume expansion")
+        };
+        let message = format!("{why}: spec.storageGrowth cannot grow the volumes when they fill");
+        let entry = LedgerEntry::at(now, generation, "StorageGrowthImpossible", "", "", class);
+        return Some(growth_transition(
+            false,
+            "ExpansionNotSupported",
+            "StorageGrowthImpossible",
+            message,
+            Some(entry),
+        ));
+    }
+    let at_limit = storage.at_limit == Some(true);
+    if at_limit || growth_condition_is(status, &["Grown", "AtLimit", "Ready"]) {
+        return None;
+    }
+    let message = format!(
+        "volumes grow by {}% when one is {}% full, up to {}",
+        spec.step_percent(),
+        spec.when_used_percent(),
+        spec.limit
+    );
+    conditions::set(&mut status.conditions, STORAGE_GROWTH, true, "Ready", message, Some(generation), now);
+    None
+}
+
+fn growth_transition(
     status: bool,
-    reason: &'a str,
-    event_reason: &'a str,
+    reason: &'static str,
+    event_reason: &'static str,
     message: String,
     entry: Option<LedgerEntry>,
-) -> Transition<'a> {
+) -> Transition<'static> {
     Transition {
         condition: STORAGE_GROWTH,
         status,
@@ -296,14 +329,14 @@ mod tests {
         let growth = decide(&spec("4Gi"), "1Gi", &Seen::default(), &volumes, false);
         assert_eq!(
             growth,
-            Growth::Grow {
+            Growth::Grow(Step {
                 from: "1Gi".into(),
                 to: "1536Mi".into(),
                 instance: "db-1".into(),
                 used_percent: 85,
                 reported_bytes: GI - (40 << 20),
                 capacity_bytes: 0
-            }
+            })
         );
         assert_eq!(
             decide(&spec("4Gi"), "1Gi", &Seen::default(), &volumes[..1], false),
@@ -316,7 +349,7 @@ mod tests {
     fn growth_stops_at_the_limit_and_says_so() {
         let full = [volume("db-0", GI, 90)];
         let to_limit = decide(&spec("1200Mi"), "1Gi", &Seen::default(), &full, false);
-        assert!(matches!(&to_limit, Growth::Grow { to, .. } if to == "1200Mi"), "{to_limit:?}");
+        assert!(matches!(&to_limit, Growth::Grow(step) if step.to == "1200Mi"), "{to_limit:?}");
         let at_limit = decide(&spec("1Gi"), "1Gi", &Seen::default(), &full, false);
         assert_eq!(at_limit, Growth::AtLimit { limit: "1Gi".into(), instance: "db-0".into(), used_percent: 90 });
     }
@@ -334,7 +367,7 @@ mod tests {
         assert_eq!(decide(&spec("4Gi"), "1536Mi", &stale, &full, false), Growth::Idle);
         let grown = [volume("db-0", 1536 * (1 << 20) - (60 << 20), 85)];
         let next = decide(&spec("4Gi"), "1536Mi", &stale, &grown, false);
-        assert!(matches!(&next, Growth::Grow { to, .. } if to == "2304Mi"), "{next:?}");
+        assert!(matches!(&next, Growth::Grow(step) if step.to == "2304Mi"), "{next:?}");
     }
 
     #[test]
@@ -381,13 +414,15 @@ mod tests {
         record(&Growth::Idle, &database, None, &mut status, &mut journal, Utc::now());
         assert_eq!(condition(&status), ("True".into(), "Ready".into()));
         assert!(journal.is_empty(), "nothing to tell yet");
-        let grow = |to: &str| Growth::Grow {
-            from: "1Gi".into(),
-            to: to.into(),
-            instance: "db-0".into(),
-            used_percent: 85,
-            reported_bytes: GI,
-            capacity_bytes: GI,
+        let grow = |to: &str| {
+            Growth::Grow(Step {
+                from: "1Gi".into(),
+                to: to.into(),
+                instance: "db-0".into(),
+                used_percent: 85,
+                reported_bytes: GI,
+                capacity_bytes: GI,
+            })
         };
         record(&grow("1536Mi"), &database, None, &mut status, &mut journal, Utc::now());
         record(&grow("2Gi"), &database, None, &mut status, &mut journal, Utc::now());
