@@ -4,9 +4,9 @@
 use crate::support::operator::shared;
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, Phase};
-use dbservice_operator::operator::ledger::{parse, LedgerEntry, LEDGER_KEY};
+use dbservice_operator::operator::ledger::LedgerEntry;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -35,17 +35,7 @@ pub fn condition<'a>(
     database.status.as_ref()?.conditions.iter().find(|condition| condition.type_ == kind)
 }
 
-pub async fn ledger_entries(client: &Client, namespace: &str, name: &str) -> Vec<LedgerEntry> {
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    config_maps
-        .get_opt(&format!("{name}-ledger"))
-        .await
-        .ok()
-        .flatten()
-        .and_then(|config_map| config_map.data?.get(LEDGER_KEY).cloned())
-        .map(|text| parse(&text))
-        .unwrap_or_default()
-}
+pub use crate::support::ledger_entries;
 
 /// Waits until the ledger of `name` has an entry with `action` (it is written right after the status).
 pub async fn wait_for_ledger(client: &Client, namespace: &str, name: &str, action: &str) -> Vec<LedgerEntry> {

@@ -8,8 +8,7 @@ use crate::environment::{
 };
 use crate::support::eventually;
 use dbservice_operator::api::database_service::DatabaseService;
-use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use std::time::{Duration, Instant};
@@ -44,10 +43,8 @@ async fn application_view(client: &Client, namespace: &str) -> (String, String, 
 }
 
 async fn ledger_actions(client: &Client, namespace: &str) -> Vec<String> {
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let ledger = config_maps.get(&format!("{DATABASE}-ledger")).await.unwrap();
-    let text = ledger.data.and_then(|data| data.get(LEDGER_KEY).cloned()).unwrap_or_default();
-    parse(&text).into_iter().map(|entry| entry.action).collect()
+    let entries = crate::support::ledger_entries(client, namespace, DATABASE).await;
+    entries.into_iter().map(|entry| entry.action).collect()
 }
 
 #[tokio::test]

@@ -9,8 +9,7 @@ use crate::environment::{
 };
 use crate::support::{eventually, kubectl};
 use dbservice_operator::api::database_service::DatabaseService;
-use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use std::time::{Duration, Instant};
@@ -59,12 +58,6 @@ fn fill(namespace: &str, pod: &str, percent: u64, file: &str) {
     let more = (size * percent / 100).saturating_sub(used);
     let write = format!("head -c {} /dev/zero > /var/lib/postgresql/data/{file}; sync; true", more * 1024);
     kubectl(&["-n", namespace, "exec", pod, "-c", "postgres", "--", "sh", "-c", &write]);
-}
-
-async fn ledger(client: &Client, namespace: &str) -> Vec<dbservice_operator::operator::ledger::LedgerEntry> {
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let ledger = config_maps.get(&format!("{DATABASE}-ledger")).await.unwrap();
-    parse(&ledger.data.and_then(|data| data.get(LEDGER_KEY).cloned()).unwrap_or_default())
 }
 
 /// Waits until every claim has `mib` requested and in its status; how long that took.
@@ -135,7 +128,7 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     let standby = crate::failover::other_of_two(&primary);
     let (standby_size, _) = volume_in_pod(ns, &standby);
     assert!(standby_size > size_before * 14 / 10, "the standby's file system grew too: {standby_size} KiB");
-    let entries = ledger(&client, ns).await;
+    let entries = crate::support::ledger_entries(&client, ns, DATABASE).await;
     let grown = entries.iter().find(|entry| entry.action == "StorageGrown").expect("a StorageGrown ledger entry");
     assert_eq!((grown.from.as_str(), grown.to.as_str()), ("1Gi", "1536Mi"), "{grown:?}");
     assert!(grown.outcome.starts_with(&primary), "the instance that filled is named: {grown:?}");
@@ -163,7 +156,11 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
     // 3. Full at the limit: no growth, a Warning event and a ledger entry, once.
     fill(ns, &primary, 90, "filler-3");
     eventually("StorageGrowthLimitReached in the ledger", Duration::from_secs(60), || async {
-        ledger(&client, ns).await.iter().any(|entry| entry.action == "StorageGrowthLimitReached").then_some(())
+        crate::support::ledger_entries(&client, ns, DATABASE)
+            .await
+            .iter()
+            .any(|entry| entry.action == "StorageGrowthLimitReached")
+            .then_some(())
     })
     .await;
     let reasons = kubectl(&["-n", ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
@@ -177,7 +174,11 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
         database.status.unwrap().conditions.into_iter().find(|condition| condition.type_ == "StorageGrowth");
     let condition = condition.expect("condition StorageGrowth");
     assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "LimitReached"), "{condition:?}");
-    let growths = ledger(&client, ns).await.iter().filter(|entry| entry.action.starts_with("StorageGrow")).count();
+    let growths = crate::support::ledger_entries(&client, ns, DATABASE)
+        .await
+        .iter()
+        .filter(|entry| entry.action.starts_with("StorageGrow"))
+        .count();
     assert_eq!(growths, 3, "two growths and one limit reached, each told once");
     for file in ["filler-1", "filler-2", "filler-3"] {
         kubectl(&[

@@ -169,3 +169,22 @@ pub async fn create_store_secret(client: &Client, namespace: &str) {
     );
     secrets.create(&PostParams::default(), &secret).await.unwrap();
 }
+
+/// The ledger of DatabaseService `name` (empty while it has none).
+pub async fn ledger_entries(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Vec<dbservice_operator::operator::ledger::LedgerEntry> {
+    use dbservice_operator::operator::ledger::{parse, LEDGER_KEY};
+    let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), namespace);
+    config_maps
+        .get_opt(&format!("{name}-ledger"))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|config_map| config_map.data?.get(LEDGER_KEY).cloned())
+        .map(|text| parse(&text))
+        .unwrap_or_default()
+}
