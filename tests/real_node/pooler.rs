@@ -329,8 +329,11 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     let reasons = kubectl(&["-n", ns, "get", "events", "-o", "jsonpath={.items[*].reason}"]);
     assert!(reasons.contains("PoolerPaused"), "an event PoolerPaused: {reasons}");
 
-    // 2. A failover: the pools follow the new primary within the failover's time.
+    // 2. A failover: the pools follow the new primary within the failover's time, and lose no
+    // acknowledged commit: two instances are `preferred` by default, so once the old primary
+    // streams again as a standby every commit waits for it.
     let primary = target;
+    crate::failover::durability_in_force(&client, ns).await;
     let since = attempts(ns).last().map_or(0, |attempt| attempt.id);
     let failed_at = epoch_now();
     pods.delete(&primary, &DeleteParams::default()).await.unwrap();
@@ -356,8 +359,9 @@ async fn pgbouncer_pools_switch_over_without_client_errors_fail_over_roll_and_me
     kinds.truncate(4);
     eprintln!(
         "[figure] failover through the pooler: {promoted} promoted, RTO {rto:.2} s, {errors} client errors, {lost} of \
-         the acknowledged lost (asynchronous); errors such as {kinds:?}"
+         the acknowledged lost (preferred: synchronous while the standby streams); errors such as {kinds:?}"
     );
+    assert_eq!(lost, 0, "a failover with a streaming standby (preferred durability) lost acknowledged commits");
     // The README's figure: the pools follow within the database's own failover time (3.8-10.5 s
     // measured; PgBouncer's default server_login_retry alone added up to 15 s).
     assert!(

@@ -80,6 +80,9 @@ async fn scheduled_and_on_demand_backups_complete_and_a_new_database_recovers_to
     let Some(node) = real_node_or_skip(test) else { return };
     let Some(moto) = moto_server() else { return skip_or_fail("no moto_server on the host") };
     install_chart(node);
+    // The controller's answers are timed here (a refusal within 60 s): the tests that restart the
+    // operator wait (see faults::FaultSlot).
+    let _operator_pods_stay = crate::environment::operator_pods_lock().read().await;
     let client = admin_client().await;
     let namespace = real_namespace(&client, "recovery").await;
     let ns = namespace.name.as_str();
