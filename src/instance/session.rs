@@ -67,8 +67,8 @@ pub fn config(
     config
 }
 
-/// Every function the agent's, the pooler agent's and the pooler's SECURITY DEFINER SQL calls
-/// (without its `pg_catalog.` qualifier). The unit test below fails when one is called that is
+/// Every function the agent's, the pooler agent's, the backup job's and the pooler's SECURITY
+/// DEFINER SQL calls (without its `pg_catalog.` qualifier). The unit test below fails when one is called that is
 /// not listed; the real-node test `shadows` plants a shadow of each in the application's schema.
 pub const PRIVILEGED_SQL_FUNCTIONS: &[&str] = &[
     "age",
@@ -83,6 +83,7 @@ pub const PRIVILEGED_SQL_FUNCTIONS: &[&str] = &[
     "pg_backend_pid",
     "pg_control_checkpoint",
     "pg_control_recovery",
+    "pg_control_system",
     "pg_current_wal_insert_lsn",
     "pg_current_wal_lsn",
     "pg_database_size",
@@ -146,6 +147,8 @@ mod tests {
         let mut files = vec![root.join("src/api/pooler.rs")];
         rust_files(&root.join("src/instance"), &mut files);
         rust_files(&root.join("src/pooler"), &mut files);
+        // The base backup's session (the backup Job's and the agent's) runs as the superuser too.
+        rust_files(&root.join("src/store"), &mut files);
         files
             .into_iter()
             .filter(|path| !path.ends_with("instance/session.rs"))

@@ -194,4 +194,16 @@ async fn full_volumes_grow_by_the_step_up_to_the_limit_under_a_writing_database(
             &format!("/var/lib/postgresql/data/{file}"),
         ]);
     }
+
+    // 4. Space freed: the reached limit no longer holds (True, AtLimit), without an event; a
+    // volume that fills again would be told again.
+    eventually("StorageGrowth True (AtLimit) once space is freed", Duration::from_secs(60), || async {
+        let status = databases.get(DATABASE).await.ok()?.status?;
+        let condition = status.conditions.iter().find(|condition| condition.type_ == "StorageGrowth")?;
+        let cleared = status.storage.as_ref()?.at_limit.is_none();
+        (condition.status == "True" && condition.reason == "AtLimit" && cleared).then_some(())
+    })
+    .await;
+    let told = crate::support::ledger_entries(&client, ns, DATABASE).await;
+    assert_eq!(told.iter().filter(|entry| entry.action.starts_with("StorageGrow")).count(), 3, "freeing is quiet");
 }

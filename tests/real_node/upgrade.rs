@@ -330,16 +330,16 @@ fn load(bed: &Bed, primary: &str) -> u64 {
     megabytes
 }
 
-/// Every one-major step admission accepts, in pods, one after another on one database under the
-/// writers: 14 to 15 (link), 15 to 16 (copy), 16 to 17 (link), 17 to 18 (copy). With the jumps
-/// 15 to 17 and 14 to 18 below, every image runs as the old and as the new major; every pair
-/// (jumps included) also runs through the agent's pg_upgrade in tests/major_upgrade_loopback.rs.
-#[tokio::test]
-async fn a_database_on_14_is_upgraded_one_major_at_a_time_to_18_keeping_every_commit() {
-    let fault = "major upgrades 14 to 15 to 16 to 17 to 18";
+/// One database of two instances under the writers taken along `path` (majors), link and copy
+/// mode in turn: every step Completed on both instances, no acknowledged commit lost, never two
+/// writable primaries, no failover.
+async fn upgrade_along(path: &[u32]) {
+    let steps: Vec<String> = path.iter().map(u32::to_string).collect();
+    let fault = format!("major upgrades {}", steps.join(" to "));
+    let fault = fault.as_str();
     let Some(node) = crate::environment::real_node_or_skip(fault) else { return };
-    let Some(bed) = Bed::start_on(fault, 2, None, Some(&node.version_of(14))).await else { return };
-    for (index, major) in (15..=18).enumerate() {
+    let Some(bed) = Bed::start_on(fault, 2, None, Some(&node.version_of(path[0]))).await else { return };
+    for (index, major) in path[1..].iter().copied().enumerate() {
         let method = if index % 2 == 0 { "link" } else { "copy" };
         let target = node.version_of(major);
         let step = format!("major upgrade to {target} ({method} mode)");
@@ -361,7 +361,35 @@ async fn a_database_on_14_is_upgraded_one_major_at_a_time_to_18_keeping_every_co
         );
     }
     assert!(ledger_entries(bed.ns(), "FailoverStarted").is_empty(), "an upgrade must not fail over");
-    assert_eq!(ledger_entries(bed.ns(), "MajorUpgraded").len(), 4);
+    assert_eq!(ledger_entries(bed.ns(), "MajorUpgraded").len(), path.len() - 1);
+}
+
+/// Every one-major step admission accepts, in pods, one after another on one database under the
+/// writers: 14 to 15 (link), 15 to 16 (copy), 16 to 17 (link), 17 to 18 (copy). With the jumps
+/// below (14 to 16, 16 to 18, 14 to 17, 15 to 18, 15 to 17 and 14 to 18), every upward pair
+/// admission accepts runs in pods, and every image as the old and as the new major; every pair
+/// also runs through the agent's pg_upgrade in tests/major_upgrade_loopback.rs.
+#[tokio::test]
+async fn a_database_on_14_is_upgraded_one_major_at_a_time_to_18_keeping_every_commit() {
+    upgrade_along(&[14, 15, 16, 17, 18]).await;
+}
+
+/// The jumps 14 to 16 (link) and 16 to 18 (copy), one after the other.
+#[tokio::test]
+async fn a_database_on_14_jumps_to_16_then_to_18_keeping_every_commit() {
+    upgrade_along(&[14, 16, 18]).await;
+}
+
+/// The jump 14 to 17 (link).
+#[tokio::test]
+async fn a_database_on_14_jumps_to_17_keeping_every_commit() {
+    upgrade_along(&[14, 17]).await;
+}
+
+/// The jump 15 to 18 (link).
+#[tokio::test]
+async fn a_database_on_15_jumps_to_18_keeping_every_commit() {
+    upgrade_along(&[15, 18]).await;
 }
 
 #[tokio::test]

@@ -28,7 +28,15 @@ pub enum Growth {
     Grow(Step),
     /// `instance`'s volume is `used_percent` full and the volumes are at `limit` already.
     AtLimit { limit: String, instance: String, used_percent: u8 },
+    /// Nothing to grow, and every volume reports at least [`ROOM_PERCENT`] below the threshold: a
+    /// limit reached before no longer holds (space was freed), and is told again if they refill.
+    Roomy,
 }
+
+/// How far below the threshold every volume must be before a reached limit is cleared: reports
+/// come in steps of 5 %, and a volume that hovers at the threshold must not be told full again
+/// at every step.
+pub const ROOM_PERCENT: u8 = 10;
 
 /// One growth: every volume from `from` to `to`, because `instance`'s is `used_percent` full; the
 /// largest reported size and the smallest claim capacity now, to tell stale reports later.
@@ -111,7 +119,7 @@ pub fn decide(
         .filter(|(_, volume)| u128::from(volume.size_bytes) > seen.stale_up_to)
         .filter(|(_, volume)| volume.used_percent >= spec.when_used_percent())
         .max_by_key(|(_, volume)| volume.used_percent);
-    let Some((instance, volume)) = fullest else { return Growth::Idle };
+    let Some((instance, volume)) = fullest else { return roomy_or_idle(spec, seen, volumes) };
     let (current_bytes, limit_bytes) = (bytes(current), bytes(&spec.limit));
     if current_bytes >= limit_bytes {
         return Growth::AtLimit {
@@ -130,6 +138,17 @@ pub fn decide(
         reported_bytes: volumes.iter().map(|(_, volume)| volume.size_bytes).max().unwrap_or(0),
         capacity_bytes: seen.capacity_bytes,
     })
+}
+
+/// [`Growth::Roomy`] when there are current reports and every one is well below the threshold.
+fn roomy_or_idle(spec: &StorageGrowthSpec, seen: &Seen, volumes: &[(String, VolumeReport)]) -> Growth {
+    let mut current = volumes.iter().filter(|(_, volume)| u128::from(volume.size_bytes) > seen.stale_up_to).peekable();
+    let below = spec.when_used_percent().saturating_sub(ROOM_PERCENT);
+    if current.peek().is_some() && current.all(|(_, volume)| volume.used_percent < below) {
+        Growth::Roomy
+    } else {
+        Growth::Idle
+    }
 }
 
 /// Records the growth in the status, condition `StorageGrowth`, the ledger and an Event; says once
@@ -163,10 +182,13 @@ pub fn record(
             let entry = LedgerEntry::at(now, generation, "StorageGrowthLimitReached", limit, limit, instance);
             growth_transition(false, "LimitReached", "StorageGrowthLimitReached", message, Some(entry))
         }
-        Growth::Idle => match idle(database, spec, not_expandable, status, generation, now) {
-            Some(transition) => transition,
-            None => return,
-        },
+        Growth::Idle | Growth::Roomy => {
+            let roomy = *growth == Growth::Roomy;
+            match idle(database, spec, roomy, not_expandable, status, generation, now) {
+                Some(transition) => transition,
+                None => return,
+            }
+        }
     };
     journal.transition_on_change(&mut status.conditions, transition, generation, now);
 }
@@ -197,19 +219,22 @@ fn grown(
     growth_transition(true, reason, "StorageGrown", message, Some(entry))
 }
 
-/// No growth this pass: a class that cannot grow is told; else condition `Ready` is set once
-/// (quietly) unless a growth or the limit is what it says.
+/// No growth this pass: a class that cannot grow is told; a reached limit is cleared (quietly)
+/// once the volumes are `roomy` again; else condition `Ready` is set (quietly) unless a growth or
+/// the limit is what it says.
 fn idle(
     database: &DatabaseService,
     spec: &StorageGrowthSpec,
+    roomy: bool,
     not_expandable: Option<&str>,
     status: &mut DatabaseServiceStatus,
     generation: i64,
     now: DateTime<Utc>,
 ) -> Option<Transition<'static>> {
     let current = wanted_size(&database.spec.storage_size, database.status.as_ref());
+    let below_limit = bytes(&current) < bytes(&spec.limit);
     let storage = status.storage.get_or_insert_with(StorageStatus::default);
-    if bytes(&current) < bytes(&spec.limit) {
+    if below_limit {
         storage.at_limit = None;
     }
     if let Some(class) = not_expandable {
@@ -229,7 +254,20 @@ fn idle(
         ));
     }
     let at_limit = storage.at_limit == Some(true);
-    if at_limit || growth_condition_is(status, &["Grown", "AtLimit", "Ready"]) {
+    if at_limit && roomy {
+        storage.at_limit = None;
+        let message = format!(
+            "every volume is at spec.storageGrowth.limit {}, none {}% full now",
+            spec.limit,
+            spec.when_used_percent()
+        );
+        conditions::set(&mut status.conditions, STORAGE_GROWTH, true, "AtLimit", message, Some(generation), now);
+        return None;
+    }
+    // The last growth, or the limit, is what the condition says until the limit is raised; Ready
+    // is set again at every pass, so that its message follows the spec.
+    let grown_to_limit = !below_limit && growth_condition_is(status, &["AtLimit"]);
+    if at_limit || grown_to_limit || growth_condition_is(status, &["Grown"]) {
         return None;
     }
     let message = format!(
@@ -435,6 +473,49 @@ mod tests {
         assert_eq!(condition(&status), ("False".into(), "LimitReached".into()));
         assert_eq!(status.storage.as_ref().and_then(|storage| storage.at_limit), Some(true));
         assert_eq!(journal.entries.len(), 3, "each told in the ledger too");
+        // The limit raised: growth is ready again, and says the new limit.
+        let mut raised = growing_database("4Gi");
+        raised.status = Some(status.clone());
+        record(&Growth::Idle, &raised, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(condition(&status), ("True".into(), "Ready".into()));
+        let message = &status.conditions.iter().find(|condition| condition.type_ == STORAGE_GROWTH).unwrap().message;
+        assert!(message.ends_with("up to 4Gi"), "{message}");
+        assert_eq!(status.storage.as_ref().and_then(|storage| storage.at_limit), None);
+        assert_eq!(journal.entries.len(), 3, "quietly");
+    }
+
+    #[test]
+    fn a_limit_reached_is_cleared_once_space_is_freed_and_told_again_when_full_again() {
+        let database = growing_database("1Gi");
+        let mut status = DatabaseServiceStatus::default();
+        let mut journal = Journal::default();
+        let full = [volume("db-0", GI, 90)];
+        let reached = decide(&spec("1Gi"), "1Gi", &Seen::default(), &full, false);
+        record(&reached, &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(condition(&status), ("False".into(), "LimitReached".into()));
+        // Below the threshold but not by ROOM_PERCENT: still reached, nothing told.
+        let hovering = decide(&spec("1Gi"), "1Gi", &Seen::default(), &[volume("db-0", GI, 75)], false);
+        assert_eq!(hovering, Growth::Idle);
+        record(&hovering, &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(condition(&status), ("False".into(), "LimitReached".into()));
+        // Space freed on every volume: the limit no longer holds anything, quietly.
+        let freed = [volume("db-0", GI, 40), volume("db-1", GI, 65)];
+        let roomy = decide(&spec("1Gi"), "1Gi", &Seen::default(), &freed, false);
+        assert_eq!(roomy, Growth::Roomy);
+        record(&roomy, &database, None, &mut status, &mut journal, Utc::now());
+        assert_eq!(condition(&status), ("True".into(), "AtLimit".into()));
+        assert_eq!(status.storage.as_ref().and_then(|storage| storage.at_limit), None);
+        assert_eq!(journal.reasons(), ["StorageGrowthLimitReached"], "clearing is not an event");
+        // Full again: told again, once.
+        for _ in 0..2 {
+            record(&reached, &database, None, &mut status, &mut journal, Utc::now());
+        }
+        assert_eq!(journal.reasons(), ["StorageGrowthLimitReached", "StorageGrowthLimitReached"]);
+        assert_eq!(
+            decide(&spec("1Gi"), "1Gi", &Seen::default(), &[], false),
+            Growth::Idle,
+            "no report is no proof of room"
+        );
     }
 
     #[test]
