@@ -285,3 +285,61 @@ async fn a_new_connection_is_answered_while_clients_answered_once_trickle_their_
     }
     assert!(slowest < Duration::from_secs(1), "a fresh connection waited {slowest:?} behind trickling clients");
 }
+
+/// Issue 37: a thousand pod-network clients each hold a connection open, trickling a request body
+/// a byte a second (the chart's cap is 512: every one past it takes the slot of the longest
+/// waiting one). The apiserver's fresh requests are all answered, none after a timeout (before
+/// the newcomer rule, 1 of 27 waited 5 s under 1000 such clients).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_trickling_clients_leave_the_webhook_available() {
+    const CLIENTS: usize = 1000;
+    let limits = ServerLimits {
+        max_connections: 512,
+        header_read_timeout: Duration::from_secs(30),
+        kept_idle_timeout: Duration::from_secs(30),
+        ..short_limits()
+    };
+    let server = Arc::new(start(limits).await);
+    let (stop, stopped) = watch::channel(false);
+    let (connected, mut connections) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..CLIENTS {
+        let (server, connected, mut stopped) = (server.clone(), connected.clone(), stopped.clone());
+        tokio::spawn(async move {
+            let mut stream = server.connect().await;
+            let partial = b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\n\r\n{";
+            let _ = stream.write_all(partial).await;
+            let _ = stream.flush().await;
+            let _ = connected.send(());
+            // A byte a second until the server closes the connection or the test ends.
+            loop {
+                tokio::select! {
+                    _ = stopped.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                if stream.write_all(b" ").await.is_err() || stream.flush().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    for _ in 0..CLIENTS {
+        tokio::time::timeout(DEADLINE * 3, connections.recv()).await.expect("every client connected in time");
+    }
+    let mut waits = Vec::new();
+    for _ in 0..27 {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut fresh = server.connect().await;
+            exchange(&mut fresh).await
+        })
+        .await
+        .expect("a fresh request answered within 5 s");
+        assert_eq!(answer, "HTTP/1.1 200 OK");
+        waits.push(started.elapsed());
+    }
+    let _ = stop.send(true);
+    waits.sort();
+    let slowest = *waits.last().unwrap();
+    eprintln!("[figure] {CLIENTS} trickling clients: 27 fresh requests, median {:?}, slowest {slowest:?}", waits[13]);
+    assert!(slowest < Duration::from_secs(2), "a fresh request waited {slowest:?} behind trickling clients");
+}

@@ -3,12 +3,12 @@
 //! re-created right after deletion (the caches still hold the old children for a moment).
 
 use crate::controller::{condition, delete_and_wait_gone, ledger_entries, wait_for_phase, CRASHING_IMAGE_REPOSITORY};
-use crate::support::operator::{shared, RELEASE_NAMESPACE};
+use crate::support::operator::{shared, ISOLATION_LABEL, RELEASE_NAMESPACE};
 use crate::support::{client_for, cluster_or_skip, eventually, sample_database, TestNamespace};
 use dbservice_operator::api::database_service::{DatabaseService, DeletionPolicy, Phase};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use std::time::Duration;
 
@@ -37,6 +37,45 @@ async fn an_invalid_object_stored_without_the_webhook_gets_invalid_spec_and_no_c
     let entries = ledger_entries(&client, RELEASE_NAMESPACE, &name).await;
     assert!(entries.iter().any(|entry| entry.action == "InvalidSpec"), "{entries:?}");
     delete_and_wait_gone(&api, &name).await;
+}
+
+/// Issue 37: the chart's `operator.allowedImagePrefixes` is enforced by the controller too. An
+/// object admitted by a webhook without the policy (as one stored before the policy was set) gets
+/// InvalidSpec and no children from an operator with it; once its image is from an allowed
+/// registry, the controller builds it.
+#[tokio::test]
+async fn an_image_outside_the_allowed_prefixes_admitted_elsewhere_gets_invalid_spec_and_no_children() {
+    let test = "an_image_outside_the_allowed_prefixes_admitted_elsewhere_gets_invalid_spec_and_no_children";
+    let Some(kubeconfig) = cluster_or_skip(test) else { return };
+    shared();
+    let client = client_for(&kubeconfig).await;
+    let namespace = TestNamespace::create(&client, "image-policy").await;
+    let ns = namespace.name.as_str();
+    let policy = "--allowed-image-prefixes=registry.corp.example/".to_string();
+    let _operator = crate::support::operator::isolated_operator(ns, "image-policy", vec![policy]);
+    let api: Api<DatabaseService> = Api::namespaced(client.clone(), ns);
+    let mut database = sample_database("outsider");
+    database.labels_mut().insert(ISOLATION_LABEL.into(), ns.into());
+    database.spec.image = Some("docker.io/library/postgres:16.4".into());
+    api.create(&PostParams::default(), &database).await.expect("the suite's webhook has no image policy");
+    let failed = wait_for_phase(&api, "outsider", Phase::Failed, Duration::from_secs(60)).await;
+    let invalid = condition(&failed, "InvalidSpec").expect("InvalidSpec condition").clone();
+    assert_eq!((invalid.status.as_str(), invalid.reason.as_str()), ("True", "ValidationFailed"));
+    assert!(invalid.message.contains("registry.corp.example/"), "names the allowed prefixes: {}", invalid.message);
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    assert!(stateful_sets.get_opt("outsider").await.unwrap().is_none(), "a refused image must build nothing");
+
+    let allowed = serde_json::json!({"spec": {"image": "registry.corp.example/postgres:16.4"}});
+    api.patch("outsider", &PatchParams::default(), &Patch::Merge(&allowed)).await.unwrap();
+    let built = eventually("the StatefulSet of an allowed image", Duration::from_secs(60), || async {
+        stateful_sets.get_opt("outsider").await.ok()?
+    })
+    .await;
+    let pod = built.spec.template.spec.unwrap();
+    let postgres = pod.containers.iter().find(|container| container.name == "postgres").unwrap();
+    assert_eq!(postgres.image.as_deref(), Some("registry.corp.example/postgres:16.4"));
+    let now = api.get("outsider").await.unwrap();
+    assert!(condition(&now, "InvalidSpec").is_none_or(|invalid| invalid.status == "False"), "{:?}", now.status);
 }
 
 #[tokio::test]
