@@ -68,8 +68,9 @@ pub fn config(
 }
 
 /// Every function the agent's, the pooler agent's, the backup job's and the pooler's SECURITY
-/// DEFINER SQL calls (without its `pg_catalog.` qualifier). The unit test below fails when one is called that is
-/// not listed; the real-node test `shadows` plants a shadow of each in the application's schema.
+/// DEFINER SQL calls (without its `pg_catalog.` qualifier). The unit test below fails when one is
+/// called that is not listed; the real-node test `shadows` plants a shadow of each in the
+/// application's schema.
 pub const PRIVILEGED_SQL_FUNCTIONS: &[&str] = &[
     "age",
     "clock_timestamp",

@@ -102,6 +102,13 @@ pub struct Seen {
     pub stale_up_to: u128,
 }
 
+impl Seen {
+    /// The report is from after the last growth.
+    fn is_current(&self, volume: &VolumeReport) -> bool {
+        u128::from(volume.size_bytes) > self.stale_up_to
+    }
+}
+
 /// The decision, from the current size, what tells stale reports (see [`Seen`]), the volumes'
 /// reports and whether a claim is still being resized.
 pub fn decide(
@@ -116,7 +123,7 @@ pub fn decide(
     }
     let fullest = volumes
         .iter()
-        .filter(|(_, volume)| u128::from(volume.size_bytes) > seen.stale_up_to)
+        .filter(|(_, volume)| seen.is_current(volume))
         .filter(|(_, volume)| volume.used_percent >= spec.when_used_percent())
         .max_by_key(|(_, volume)| volume.used_percent);
     let Some((instance, volume)) = fullest else { return roomy_or_idle(spec, seen, volumes) };
@@ -142,7 +149,7 @@ pub fn decide(
 
 /// [`Growth::Roomy`] when there are current reports and every one is well below the threshold.
 fn roomy_or_idle(spec: &StorageGrowthSpec, seen: &Seen, volumes: &[(String, VolumeReport)]) -> Growth {
-    let mut current = volumes.iter().filter(|(_, volume)| u128::from(volume.size_bytes) > seen.stale_up_to).peekable();
+    let mut current = volumes.iter().filter(|(_, volume)| seen.is_current(volume)).peekable();
     let below = spec.when_used_percent().saturating_sub(ROOM_PERCENT);
     if current.peek().is_some() && current.all(|(_, volume)| volume.used_percent < below) {
         Growth::Roomy
